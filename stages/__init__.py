@@ -1,0 +1,1 @@
+"""EAGLE-3 drafter pipeline: one module per DVC stage, library code in subpackages."""

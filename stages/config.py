@@ -1,0 +1,181 @@
+"""Typed, validated view of params.yaml.
+
+Each stage reads only its own section. A wrong key or type fails before any work starts, with the
+dotted key path and what is expected, so a typo in params.yaml never silently falls back to a
+default.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+PARAMS_FILE = Path("params.yaml")
+
+
+class ParamsError(ValueError):
+    """A params.yaml key is unknown, missing or of the wrong type."""
+
+
+@dataclass(frozen=True)
+class TargetParams:
+    path: str
+    chat_template: str | None = None  # a Jinja file, for models that ship none
+    template_kwargs: dict = field(default_factory=dict)  # e.g. {thinking: true}
+    roles: dict = field(default_factory=dict)  # role -> token string, overrides what is learned
+    trust_remote_code: bool = False
+    device: str = "auto"
+    dtype: str = "auto"
+
+
+@dataclass(frozen=True)
+class PrepParams:
+    format: str
+    path: str
+    columns: dict | None = None
+    max_samples: int | None = None
+    max_prompt_tokens: int = 2048
+    skip_bad_rows: bool = False
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DatasetGenerateParams:
+    budget_tokens: int = 10_000_000
+
+
+@dataclass(frozen=True)
+class ExpectParams:
+    """What the quality gate demands of a dataset's outputs."""
+
+    reasoning: bool = True
+    tool_calls: bool = False
+
+
+@dataclass(frozen=True)
+class DatasetParams:
+    prep: PrepParams
+    generate: DatasetGenerateParams = field(default_factory=DatasetGenerateParams)
+    expect: ExpectParams = field(default_factory=ExpectParams)
+
+
+@dataclass(frozen=True)
+class GenerateParams:
+    engine: Literal["hf", "sglang"] = "hf"
+    batch_size: int = 16
+    max_new_tokens: int = 1024
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int = 0
+    append_every: int = 64  # samples per atomic append to the output
+
+
+@dataclass(frozen=True)
+class MergeParams:
+    seed: int = 0
+    eval_fraction: float = 0.05
+    max_length: int = 4096
+
+
+@dataclass(frozen=True)
+class QualityParams:
+    min_reasoning_closed: float = 0.9  # per dataset expecting reasoning
+    max_empty_reasoning: float = 0.5
+    max_truncated: float = 0.1
+    min_tool_call_share: float = 0.5  # per dataset expecting tool calls
+    max_unbalanced_tool_calls: float = 0.0
+    max_failed: float = 0.05
+    histogram_buckets: int = 10
+
+
+def _check(value: Any, tp: Any, key: str) -> Any:
+    """Validate (and build, for nested dataclasses) one value against its annotation."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, key)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check(value, inner[0], key)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ParamsError(f"{key}: {value!r} is not one of {list(typing.get_args(tp))}")
+        return value
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise ParamsError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
+        args = typing.get_args(tp)
+        if args and dataclasses.is_dataclass(args[1]):
+            return {k: build(args[1], v, f"{key}.{k}") for k, v in value.items()}
+        return value
+    if origin is list or tp is list:
+        if not isinstance(value, list):
+            raise ParamsError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
+        args = typing.get_args(tp)
+        return [_check(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise ParamsError(f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+        return value
+    return value
+
+
+def build(cls: type, raw: Any, key: str):
+    """Build dataclass `cls` from a params mapping; unknown or missing keys name their path."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{key}: expected a mapping, got {type(raw).__name__} {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ParamsError(f"{key}: unknown key(s) {unknown}; known keys: {sorted(fields)}")
+    values = {}
+    for name, f in fields.items():
+        if name in raw:
+            values[name] = _check(raw[name], hints[name], f"{key}.{name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ParamsError(f"{key}.{name}: required key is missing")
+    return cls(**values)
+
+
+def load_params(path: Path | str = PARAMS_FILE) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path}: not found; run from the project root or pass --params")
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{path}: expected a mapping at the top level")
+    return raw
+
+
+def section(cls: type, name: str, path: Path | str = PARAMS_FILE):
+    """The typed view of one top-level section of params.yaml."""
+    raw = load_params(path)
+    return build(cls, raw.get(name), f"{path}:{name}")
+
+
+def datasets(path: Path | str = PARAMS_FILE) -> dict[str, DatasetParams]:
+    raw = load_params(path).get("datasets")
+    if not raw:
+        raise ParamsError(f"{path}:datasets: at least one dataset is required")
+    return _check(raw, dict[str, DatasetParams], f"{path}:datasets")
+
+
+def dataset(name: str, path: Path | str = PARAMS_FILE) -> DatasetParams:
+    all_ = datasets(path)
+    if name not in all_:
+        raise ParamsError(f"{path}:datasets.{name}: no such dataset; defined: {sorted(all_)}")
+    return all_[name]

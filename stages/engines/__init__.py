@@ -1,0 +1,49 @@
+"""Generation engines: they take prompt token ids and return the raw ids the target produced.
+
+An engine consumes `(sample_id, prompt_ids)` requests lazily and yields completions as they finish,
+so the caller can stop feeding requests the moment a token budget is reached.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Literal, Protocol
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Every sampling value, sent explicitly: servers do not apply generation_config.json."""
+
+    max_new_tokens: int
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = whole vocabulary
+    seed: int = 0
+    stop_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Completion:
+    sample_id: str
+    output_ids: list[int]  # exactly as generated, stop token included
+    finish_reason: FinishReason
+    latency_s: float
+    error: str | None = None  # the engine's message when finish_reason is "abort"
+
+
+class Engine(Protocol):
+    name: str
+
+    def generate(self, requests: Iterable[tuple[str, list[int]]],
+                 sampling: Sampling) -> Iterator[Completion]: ...
+
+
+def trim_at_stop(ids: list[int], stop_ids: Iterable[int], max_new_tokens: int
+                 ) -> tuple[list[int], FinishReason]:
+    """Cut a generated row after its first stop token (kept); without one it ran to the limit."""
+    stops = set(stop_ids)
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[: i + 1], "stop"
+    return ids[:max_new_tokens], "length"

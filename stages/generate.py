@@ -1,0 +1,133 @@
+"""generate@<dataset>: prompt ids -> the target's raw output ids, resumable, within a token budget.
+
+Reads params `target`, `generate` and `datasets.<name>.generate`. Output data/raw/<name>/ persists
+across runs: samples already generated under the same fingerprint (model, template, sampling) are
+skipped, a changed fingerprint starts the dataset over. Writes reports/generate/<name>.json.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import config
+from .cli import StageError, run
+from .engines import Completion, Sampling
+from .io import Progress, write_json
+from .raw import RAW_SCHEMA, append_part, compact, read_raw
+from .target import load_tokenizer, model_fingerprint, pad_id, token_roles
+from .tokens import TokenRoles, analyze_output
+
+
+def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
+    return Sampling(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
+                    top_p=gen.top_p, top_k=gen.top_k, seed=gen.seed,
+                    stop_ids=tuple(roles.stop_ids))
+
+
+def fingerprint(target: config.TargetParams, sampling: Sampling) -> str:
+    """Everything that shapes the generated tokens; a change regenerates the dataset."""
+    payload = json.dumps([model_fingerprint(target), sampling.__dict__], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokenizer):
+    if gen.engine == "hf":
+        from .engines.hf import HFEngine, load_causal_lm
+        model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code)
+        return HFEngine(model, pad_id(tokenizer), gen.batch_size)
+    raise StageError(f"generate.engine: {gen.engine!r} is not available in this version; use 'hf'")
+
+
+def completion_row(prompt: dict, done: Completion, roles: TokenRoles, engine: str, fp: str,
+                   tokenizer) -> dict:
+    anatomy = analyze_output(done.output_ids, roles, prompt["reasoning_open"])
+    return dict(prompt, output_ids=done.output_ids, finish_reason=done.finish_reason,
+                completion_tokens=len(done.output_ids), reasoning_tokens=anatomy.reasoning_tokens,
+                answer_tokens=anatomy.answer_tokens, tool_calls=anatomy.tool_calls,
+                tool_calls_balanced=anatomy.tool_calls_balanced, error=done.error,
+                latency_s=done.latency_s, engine=engine, fingerprint=fp,
+                output_text=tokenizer.decode(done.output_ids, skip_special_tokens=False))
+
+
+def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.GenerateParams,
+                     budget_tokens: int, target: config.TargetParams, engine=None) -> dict:
+    tokenizer = load_tokenizer(target)
+    roles = token_roles(target, tokenizer)
+    sampling = sampling_for(gen, roles)
+    fp = fingerprint(target, sampling)
+    prompts = pq.read_table(prompts_path)
+
+    existing = read_raw(out_dir)
+    if existing.num_rows and set(existing.column("fingerprint").to_pylist()) != {fp}:
+        print(f"[generate {name}] model, template or sampling changed: regenerating {name}")
+        shutil.rmtree(out_dir)
+        existing = RAW_SCHEMA.empty_table()
+    wanted = set(prompts.column("sample_id").to_pylist())
+    existing = existing.filter(pc.is_in(existing.column("sample_id"), pa.array(sorted(wanted))))
+    done_ids = set(existing.column("sample_id").to_pylist())
+    used = pc.sum(existing.column("completion_tokens")).as_py() or 0
+    pending = [r for r in prompts.to_pylist() if r["sample_id"] not in done_ids]
+    by_id = {r["sample_id"]: r for r in pending}
+
+    progress = Progress(f"generate {name}", len(pending), max(budget_tokens - used, 0))
+    state = dict(tokens=used, new=0)
+
+    def requests():
+        for r in pending:
+            if state["tokens"] >= budget_tokens:
+                return
+            yield r["sample_id"], r["prompt_ids"]
+
+    engine = engine or make_engine(gen, target, tokenizer)
+    buffer: list[dict] = []
+    start = time.monotonic()
+    for done in engine.generate(requests(), sampling):
+        buffer.append(completion_row(by_id[done.sample_id], done, roles, engine.name, fp, tokenizer))
+        state["tokens"] += len(done.output_ids)
+        state["new"] += 1
+        progress.update(1, len(done.output_ids))
+        if len(buffer) >= gen.append_every:
+            append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
+            buffer.clear()
+    if buffer:
+        append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
+    elapsed = time.monotonic() - start
+    table = read_raw(out_dir) if out_dir.exists() else RAW_SCHEMA.empty_table()
+    table = table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted))))
+    compact(out_dir, table)
+
+    new_tokens = state["tokens"] - used
+    reasons = table.column("finish_reason").to_pylist()
+    return {
+        "dataset": name, "samples": table.num_rows, "prompts": len(wanted),
+        "new_samples": state["new"], "tokens": state["tokens"], "budget_tokens": budget_tokens,
+        "budget_overshoot_tokens": max(state["tokens"] - budget_tokens, 0),
+        "budget_reached": state["tokens"] >= budget_tokens,
+        "failed": reasons.count("abort"),
+        "tokens_per_s": round(new_tokens / elapsed, 1) if state["new"] else None,
+        "engine": engine.name, "fingerprint": fp,
+    }
+
+
+def main(dataset: str, params: Path = config.PARAMS_FILE,
+         prompts_dir: Path = Path("data/prompts"), out_dir: Path = Path("data/raw"),
+         report_dir: Path = Path("reports/generate")) -> None:
+    """Generate the target's replies for one dataset."""
+    ds = config.dataset(dataset, params)
+    gen = config.section(config.GenerateParams, "generate", params)
+    target = config.section(config.TargetParams, "target", params)
+    metrics = generate_dataset(dataset, prompts_dir / f"{dataset}.parquet", out_dir / dataset,
+                               gen, ds.generate.budget_tokens, target)
+    write_json(metrics, report_dir / f"{dataset}.json")
+    print(f"[generate {dataset}] " + "  ".join(f"{k} {v}" for k, v in metrics.items()))
+
+
+if __name__ == "__main__":
+    run(main)

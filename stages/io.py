@@ -1,0 +1,95 @@
+"""Atomic writes and progress reporting shared by the stages.
+
+Every output is written to a temporary sibling and renamed into place when complete, so a killed
+stage never leaves a half-written file where a later stage would read it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path | str) -> Iterator[Path]:
+    """Yield a temp path beside `final`; on success replace `final` with it, else remove it."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    _remove(tmp)
+    try:
+        yield tmp
+        if tmp.is_dir() and final.exists():
+            _remove(final)
+        os.replace(tmp, final)
+    finally:
+        _remove(tmp)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def write_parquet(table: pa.Table, path: Path | str) -> None:
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+
+
+def write_json(obj, path: Path | str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_text(text: str, path: Path | str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+class Progress:
+    """Items and tokens done, tokens/s and ETA against a token or item budget, on stderr.
+
+    Plain text lines (not a live bar) so the output stays readable in `dvc repro` logs and CI.
+    """
+
+    def __init__(self, label: str, total_items: int, token_budget: int | None = None,
+                 every_s: float = 2.0, stream=sys.stderr):
+        self.label, self.total_items, self.token_budget = label, total_items, token_budget
+        self.items = self.tokens = 0
+        self.every_s, self.stream = every_s, stream
+        self.start = self.last = time.monotonic()
+
+    def update(self, items: int, tokens: int) -> None:
+        self.items += items
+        self.tokens += tokens
+        now = time.monotonic()
+        if now - self.last >= self.every_s or self.items >= self.total_items:
+            self.last = now
+            print(self.line(), file=self.stream, flush=True)
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.start, 1e-9)
+        rate = self.tokens / elapsed
+        item_left = (self.total_items - self.items) / max(self.items / elapsed, 1e-9)
+        eta = item_left
+        if self.token_budget:
+            eta = min(eta, max(self.token_budget - self.tokens, 0) / max(rate, 1e-9))
+        budget = f"/{self.token_budget:,}" if self.token_budget else ""
+        return (f"[{self.label}] {self.items}/{self.total_items} samples  "
+                f"{self.tokens:,}{budget} tokens  {rate:,.0f} tok/s  "
+                f"elapsed {_hms(elapsed)}  eta {_hms(eta) if self.items else '?'}")
+
+
+def _hms(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

@@ -1,0 +1,65 @@
+"""The raw-generation artifact: a directory of Parquet parts, appended atomically.
+
+A generation run appends a part every few samples, so a kill loses at most the requests in flight;
+the rerun reads the parts, skips what is done and compacts them into one part when it completes.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .io import write_parquet
+
+RAW_SCHEMA = pa.schema([
+    ("sample_id", pa.string()), ("dataset", pa.string()), ("messages", pa.string()),
+    ("tools", pa.string()), ("prompt_ids", pa.list_(pa.int32())), ("prompt_len", pa.int32()),
+    ("reasoning_open", pa.bool_()),
+    ("output_ids", pa.list_(pa.int32())), ("finish_reason", pa.string()),
+    ("completion_tokens", pa.int32()), ("reasoning_tokens", pa.int32()),
+    ("answer_tokens", pa.int32()), ("tool_calls", pa.int32()), ("tool_calls_balanced", pa.bool_()),
+    ("error", pa.string()), ("latency_s", pa.float32()), ("engine", pa.string()),
+    ("fingerprint", pa.string()), ("output_text", pa.string()),
+])
+
+_PART = re.compile(r"part-(\d{5})\.parquet$")
+
+
+def parts(directory: Path) -> list[Path]:
+    return sorted(p for p in Path(directory).glob("part-*.parquet") if _PART.search(p.name))
+
+
+def read_raw(directory: Path) -> pa.Table:
+    """All rows of the parts, the first copy of each sample_id kept."""
+    files = parts(directory)
+    if not files:
+        return RAW_SCHEMA.empty_table()
+    table = pa.concat_tables(pq.read_table(f, schema=RAW_SCHEMA) for f in files)
+    ids = table.column("sample_id").to_pylist()
+    first = {}
+    for i, sid in enumerate(ids):
+        first.setdefault(sid, i)
+    if len(first) == len(ids):
+        return table
+    return table.take(sorted(first.values()))
+
+
+def append_part(directory: Path, table: pa.Table) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    existing = parts(directory)
+    index = int(_PART.search(existing[-1].name).group(1)) + 1 if existing else 0
+    path = directory / f"part-{index:05d}.parquet"
+    write_parquet(table.cast(RAW_SCHEMA), path)
+    return path
+
+
+def compact(directory: Path, table: pa.Table) -> None:
+    """Replace all parts by one holding `table`: the new part lands before the old ones go, so a
+    kill in between leaves duplicates that read_raw drops, never a loss."""
+    old = parts(directory)
+    new = append_part(directory, table)
+    for p in old:
+        if p != new:
+            p.unlink()

@@ -1,0 +1,64 @@
+"""The target model's tokenizer and token roles, as every stage sees them."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from .config import TargetParams
+from .tokens import TokenRoles, learn_roles
+
+
+def load_tokenizer(target: TargetParams):
+    """The target's tokenizer, with the chat template from params when the model ships none."""
+    path = Path(target.path)
+    if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
+        raise FileNotFoundError(f"target.path: {path} holds no model or tokenizer; point it at a "
+                                f"local Hugging Face model directory")
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=target.trust_remote_code,
+                                        local_files_only=True)
+    if target.chat_template:
+        tok.chat_template = Path(target.chat_template).read_text()
+    if not tok.chat_template:
+        raise ValueError(f"target.chat_template: the tokenizer at {path} has no chat template; "
+                         f"give a Jinja template file in target.chat_template")
+    return tok
+
+
+def token_roles(target: TargetParams, tokenizer) -> TokenRoles:
+    return learn_roles(tokenizer, target.roles)
+
+
+def pad_id(tokenizer) -> int:
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if tid is not None:
+            return tid
+    return 0
+
+
+def model_fingerprint(target: TargetParams) -> str:
+    """Hash of everything in the model directory that shapes tokens (weights, config, tokenizer)."""
+    h = hashlib.sha256()
+    path = Path(target.path)
+    for f in sorted(path.iterdir()):
+        if f.is_file() and f.suffix in {".json", ".safetensors", ".model", ".jinja", ".txt"}:
+            h.update(f.name.encode())
+            h.update(_file_digest(f))
+    if target.chat_template:
+        h.update(Path(target.chat_template).read_bytes())
+    h.update(json.dumps([target.template_kwargs, target.roles, target.dtype],
+                        sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def _file_digest(path: Path, whole_up_to: int = 64 << 20, edge: int = 1 << 20) -> bytes:
+    """Whole-file hash for small files; size + first and last MiB for weight shards of GBs."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if size <= whole_up_to:
+            return hashlib.sha256(f.read()).digest()
+        head = f.read(edge)
+        f.seek(size - edge)
+        return hashlib.sha256(str(size).encode() + head + f.read(edge)).digest()
