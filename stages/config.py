@@ -65,6 +65,48 @@ class DatasetParams:
 
 
 @dataclass(frozen=True)
+class SGLangServerArgs:
+    """Flags of `python -m sglang.launch_server`, named as SGLang names them (None: its default)."""
+
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+    dp_size: int = 1
+    mem_fraction_static: float | None = None
+    context_length: int | None = None
+    max_running_requests: int | None = None
+    kv_cache_dtype: str = "auto"
+    enable_hierarchical_cache: bool = False
+    hicache_size: int | None = None  # GB of host memory per rank for the hierarchical cache
+    enable_metrics: bool = True
+    skip_tokenizer_init: bool = False
+
+
+@dataclass(frozen=True)
+class SGLangLaunchParams:
+    """Start one server for the stage and stop it when the stage ends."""
+
+    model_path: str | None = None  # None: target.path
+    module: str = "sglang.launch_server"  # stages.engines.hf_server serves the same API on CPU
+    server_args: SGLangServerArgs = field(default_factory=SGLangServerArgs)
+    extra_args: list[str] = field(default_factory=list)  # any other launch_server flags
+    health_timeout_s: float = 1800.0
+    log_file: str | None = None  # None: a temporary file, printed at launch
+
+
+@dataclass(frozen=True)
+class SGLangParams:
+    urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:30000"])
+    concurrency: int = 256  # requests in flight per server
+    timeout_s: float = 3600.0  # longest wait for one reply (long reasoning takes minutes)
+    connect_timeout_s: float = 10.0
+    max_retries: int = 8  # per request, on connection loss, timeouts, 5xx, 408 and 429
+    backoff_s: float = 1.0  # first retry delay; doubles per retry, full jitter
+    backoff_max_s: float = 60.0
+    launch: SGLangLaunchParams | None = None  # None: use the servers already running at urls
+
+
+@dataclass(frozen=True)
 class GenerateParams:
     engine: Literal["hf", "sglang"] = "hf"
     batch_size: int = 16
@@ -74,6 +116,7 @@ class GenerateParams:
     top_k: int = -1
     seed: int = 0
     append_every: int = 64  # samples per atomic append to the output
+    sglang: SGLangParams = field(default_factory=SGLangParams)
 
 
 @dataclass(frozen=True)
@@ -92,6 +135,59 @@ class QualityParams:
     max_unbalanced_tool_calls: float = 0.0
     max_failed: float = 0.05
     histogram_buckets: int = 10
+
+
+@dataclass(frozen=True)
+class VocabParams:
+    draft_vocab_size: int = 32000
+
+
+@dataclass(frozen=True)
+class ExtractParams:
+    layers: list[int] | None = None  # HF hidden_states indices; None = [2, N//2, N-3]
+    shard_tokens: int = 65536  # tokens per safetensors shard (the unit of resume)
+    batch_tokens: int = 16384  # padded tokens per forward
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"  # storage dtype of the features
+    splits: list[str] = field(default_factory=lambda: ["train", "eval"])
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    ttt_steps: int = 7
+    decay: float = 0.8  # weight of TTT step k is decay**k
+    epochs: float = 1.0
+    max_steps: int | None = None  # overrides epochs when set
+    batch_size: int = 8  # samples per optimizer step, over all ranks
+    max_length: int = 2048
+    lr: float = 1e-4
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    warmup_ratio: float = 0.02
+    weight_decay: float = 0.0
+    grad_clip: float = 0.5
+    eval_every: int = 200  # steps between simulated-acceptance evaluations
+    eval_num_steps: int = 3  # chain length the simulated acceptance is measured at
+    eval_max_samples: int = 256
+    checkpoint_every: int = 200
+    seed: int = 0
+    device: str = "auto"
+    draft: dict = field(default_factory=dict)  # overrides of the draft layer's shapes
+
+
+@dataclass(frozen=True)
+class BenchmarkSource:
+    format: str
+    path: str
+    columns: dict | None = None
+
+
+@dataclass(frozen=True)
+class BenchmarkParams:
+    num_steps: int = 3  # chain drafting depth (topk 1): num_steps + 1 tokens verified at most
+    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
+    max_new_tokens: int = 256
+    max_prompts: int = 8  # per dataset
+    seed: int = 0
+    datasets: dict[str, BenchmarkSource] = field(default_factory=dict)  # extra prompt files
 
 
 def _check(value: Any, tp: Any, key: str) -> Any:

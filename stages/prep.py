@@ -16,7 +16,7 @@ from . import config
 from .cli import StageError, run
 from .io import write_json, write_parquet
 from .sources import SourceError, prompt_messages, read_conversations
-from .target import load_tokenizer, token_roles
+from .target import load_tokenizer, render_prompt, token_roles
 
 PROMPTS_SCHEMA = pa.schema([
     ("sample_id", pa.string()), ("dataset", pa.string()), ("messages", pa.string()),
@@ -66,9 +66,7 @@ def prepare(name: str, prep: config.PrepParams, target: config.TargetParams,
         if sample_id in ids_seen:  # a source id reused for different content: keep both, apart
             sample_id = f"{sample_id}~{key[:8]}"
         ids_seen.add(sample_id)
-        ids = tokenizer.apply_chat_template(messages, tools=conv.tools, add_generation_prompt=True,
-                                            tokenize=True, return_dict=False,
-                                            **target.template_kwargs)
+        ids = render_prompt(tokenizer, messages, conv.tools, target.template_kwargs)
         if len(ids) > prep.max_prompt_tokens:
             counts["too_long"] += 1
             continue

@@ -31,6 +31,13 @@ def token_roles(target: TargetParams, tokenizer) -> TokenRoles:
     return learn_roles(tokenizer, target.roles)
 
 
+def render_prompt(tokenizer, messages: list[dict], tools: list | None,
+                  template_kwargs: dict) -> list[int]:
+    """Prompt ids exactly as serving builds them: the chat template with the generation prompt."""
+    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                         tokenize=True, return_dict=False, **template_kwargs)
+
+
 def pad_id(tokenizer) -> int:
     for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
         if tid is not None:

@@ -1,0 +1,197 @@
+"""The EAGLE-3 training loop: AdamW, warmup + cosine, grad clip, training-time test loss,
+exact resume, and checkpoint selection by simulated acceptance (not by loss).
+
+Plain torch; DistributedDataParallel when launched by torchrun. The step itself is
+`Objective.forward`, so it can be compiled or benchmarked alone.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .hidden import HiddenStates, collate
+from .model import Eagle3Drafter
+from .ttt import TTTMetrics, ttt_forward
+
+
+class Objective(nn.Module):
+    """Drafter + the frozen target tensors it needs; forward(batch) -> (loss, metrics)."""
+
+    def __init__(self, drafter: Eagle3Drafter, embed: torch.Tensor, lm_head: torch.Tensor,
+                 ttt_steps: int, decay: float):
+        super().__init__()
+        self.drafter = drafter
+        self.register_buffer("embed", embed, persistent=False)
+        self.register_buffer("lm_head", lm_head, persistent=False)
+        self.ttt_steps, self.decay = ttt_steps, decay
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, TTTMetrics]:
+        return ttt_forward(self.drafter, self.embed, batch["aux"], batch["last"],
+                           batch["input_ids"], batch["loss_mask"], batch["attention_mask"],
+                           self.ttt_steps, self.decay, target_lm_head=self.lm_head)
+
+
+@dataclass
+class LoopSettings:
+    ttt_steps: int
+    decay: float
+    total_steps: int
+    batch_size: int
+    lr: float
+    min_lr_ratio: float
+    warmup_steps: int
+    weight_decay: float
+    grad_clip: float
+    eval_every: int
+    eval_num_steps: int
+    eval_max_samples: int
+    checkpoint_every: int
+    seed: int
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine down to min_ratio at `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def simulated_tau(metrics: TTTMetrics, num_steps: int) -> float:
+    """Expected chain acceptance length: 1 (bonus) + sum of unconditional per-step acceptance."""
+    return 1.0 + sum(metrics.acceptance_unconditional[:num_steps])
+
+
+@dataclass
+class Rank:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass
+class History:
+    steps: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+
+
+def batch_order(n: int, seed: int, epoch: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g).tolist()
+
+
+def evaluate(objective: Objective, data: HiddenStates, s: LoopSettings,
+             device: torch.device, autocast) -> TTTMetrics | None:
+    total = None
+    n = min(len(data), s.eval_max_samples)
+    objective.eval()
+    with torch.no_grad():
+        for start in range(0, n, s.batch_size):
+            batch = _to(collate([data[i] for i in range(start, min(start + s.batch_size, n))]),
+                        device)
+            with autocast():
+                _, metrics = objective(batch)
+            total = metrics if total is None else total + metrics
+    objective.train()
+    return total
+
+
+def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
+          s: LoopSettings, checkpoint_dir: Path, device: torch.device, rank: Rank = Rank(),
+          log: Callable[[str], None] = print) -> History:
+    objective.to(device)
+    drafter = objective.drafter
+    model: nn.Module = objective
+    if rank.world > 1:
+        model = nn.parallel.DistributedDataParallel(
+            objective, device_ids=[device.index] if device.type == "cuda" else None)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: lr_factor(step, s.warmup_steps, s.total_steps, s.min_lr_ratio))
+    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" \
+        else (lambda: torch.autocast("cpu", enabled=False))
+    state = {"step": 0, "epoch": 0, "cursor": 0, "best_tau": -1.0}
+    history = History()
+    last = checkpoint_dir / "last.pt"
+    if last.exists():
+        ckpt = torch.load(last, map_location="cpu", weights_only=True)
+        drafter.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        state.update(ckpt["state"])
+        torch.set_rng_state(ckpt["rng"])
+        history = History(ckpt["history"]["steps"], ckpt["history"]["evals"])
+        log(f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
+            f"sample {state['cursor']})")
+    order = batch_order(len(train_set), s.seed, state["epoch"])
+    tokens, clock = 0, time.monotonic()
+    while state["step"] < s.total_steps:
+        if state["cursor"] >= len(order):
+            state["epoch"] += 1
+            state["cursor"] = 0
+            order = batch_order(len(train_set), s.seed, state["epoch"])
+        picked = order[state["cursor"]: state["cursor"] + s.batch_size]
+        state["cursor"] += s.batch_size
+        mine = picked[rank.rank:: rank.world] or picked[:1]
+        batch = _to(collate([train_set[i] for i in mine]), device)
+        with autocast():
+            loss, metrics = model(batch)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        state["step"] += 1
+        tokens += int(batch["attention_mask"].sum()) * rank.world
+        row = {"step": state["step"], "loss": round(loss.item(), 5),
+               "lr": sched.get_last_lr()[0], "grad_norm": round(float(grad_norm), 4),
+               **{f"acc_{k}": round(a, 4) for k, a in enumerate(metrics.accuracy)}}
+        history.steps.append(row)
+        if state["step"] % 10 == 0 or state["step"] == s.total_steps:
+            rate = tokens / max(time.monotonic() - clock, 1e-9)
+            eta = (s.total_steps - state["step"]) * (time.monotonic() - clock) / max(
+                len(history.steps), 1)
+            log(f"[train] step {state['step']}/{s.total_steps} loss {row['loss']:.4f} "
+                f"acc0 {row['acc_0']:.3f} lr {row['lr']:.2e} {rate:,.0f} tok/s eta {eta:,.0f}s")
+        if state["step"] % s.eval_every == 0 or state["step"] == s.total_steps:
+            ev = evaluate(objective, eval_set, s, device, autocast)
+            if ev is not None:
+                tau = simulated_tau(ev, s.eval_num_steps)
+                history.evals.append({"step": state["step"], "simulated_tau": round(tau, 4),
+                                      **{k: [round(x, 4) for x in v]
+                                         for k, v in ev.as_dict().items()}})
+                log(f"[train] eval step {state['step']}: simulated tau {tau:.3f} "
+                    f"(chain of {s.eval_num_steps})")
+                if tau > state["best_tau"] and rank.main:
+                    state["best_tau"] = tau
+                    _save(checkpoint_dir / "best.pt", {"model": drafter.state_dict(),
+                                                        "step": state["step"], "tau": tau})
+        if rank.main and (state["step"] % s.checkpoint_every == 0
+                          or state["step"] == s.total_steps):
+            _save(last, {"model": drafter.state_dict(), "optimizer": opt.state_dict(),
+                         "scheduler": sched.state_dict(), "state": dict(state),
+                         "rng": torch.get_rng_state(),
+                         "history": {"steps": history.steps, "evals": history.evals}})
+    return history
+
+
+def _to(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _save(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

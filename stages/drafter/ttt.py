@@ -1,0 +1,167 @@
+"""Training-time test: unroll the draft as serving runs it, and score each step.
+
+Alignment (REFERENCE.md section 3): at prefix position i, step k reads the embedding of token
+i + 1 + k and learns the target's distribution at position i + 1 + k, which predicts token
+i + 2 + k. Inputs, targets and the loss mask shift together by the step; a (position, step) pair
+counts only if token i + 2 + k exists, lies inside the sample and is supervised, and if the
+target's own choice there is a token the draft vocabulary holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .model import Eagle3Drafter, embed_tokens
+
+
+def shift_left(x: Tensor, n: int, fill) -> Tensor:
+    """x[:, i + n] at position i, `fill` past the end."""
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)[:, : x.shape[1]]
+
+
+@dataclass
+class SoftLabels:
+    """What the target says at each position, restricted to the draft vocabulary."""
+    probs: Tensor      # [B, T, draft_vocab] softmax of the target logits over the draft ids
+    argmax: Tensor     # [B, T] draft index of the target's choice
+    in_vocab: Tensor   # [B, T] bool: the target's full-vocabulary choice is a draft id
+
+
+@torch.no_grad()
+def soft_labels(last_or_logits: Tensor, drafter: Eagle3Drafter,
+                target_lm_head: Tensor | None = None, chunk: int = 1024) -> SoftLabels:
+    """Target distributions from its logits [B, T, vocab] or its final hidden state [B, T, H].
+
+    The final (post-norm) hidden state needs `target_lm_head` [vocab, H]; logits are then computed
+    as the target computes them (in its dtype), `chunk` positions at a time so the full-vocabulary
+    tensor never exists for the whole batch.
+    """
+    vocab = drafter.cfg.vocab_size
+    is_logits = last_or_logits.shape[-1] == vocab and target_lm_head is None
+    if not is_logits and (target_lm_head is None or target_lm_head.shape[0] != vocab):
+        raise ValueError(f"soft_labels: got a last dimension of {last_or_logits.shape[-1]}; pass "
+                         f"target logits over the full vocabulary ({vocab}) or the final hidden "
+                         f"state together with the target's lm_head weight [{vocab}, H]")
+    draft_ids = drafter.draft_ids()
+    head = None if is_logits else target_lm_head.to(last_or_logits.dtype).T
+    parts = []
+    with torch.autocast(last_or_logits.device.type, enabled=False):
+        for part in last_or_logits.split(chunk, dim=1):
+            logits = (part if is_logits else part @ head).float()
+            restricted = logits[..., draft_ids]
+            parts.append((restricted.softmax(-1), restricted.argmax(-1),
+                          drafter.t2d[logits.argmax(-1)]))
+    probs, argmax, in_vocab = (torch.cat(p, dim=1) for p in zip(*parts))
+    return SoftLabels(probs, argmax, in_vocab)
+
+
+def ttt_unroll(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor,
+               input_ids: Tensor, attention_mask: Tensor | None, ttt_steps: int) -> list[Tensor]:
+    """Draft logits [B, T, draft_vocab] for each step; step k at position i reads token i+1+k."""
+    dtype = drafter.fc.weight.dtype
+    hidden, kv, logits = aux.detach().to(dtype), None, []
+    for k in range(ttt_steps):
+        with torch.no_grad():
+            embeds = embed_tokens(embed, shift_left(input_ids, k + 1, 0)).to(dtype)
+        step = drafter.step(embeds, hidden, kv, key_mask=attention_mask)
+        hidden, kv = step.out, step.kv
+        logits.append(step.logits)
+    return logits
+
+
+def valid_positions(labels: SoftLabels, loss_mask: Tensor, attention_mask: Tensor | None,
+                    ttt_steps: int) -> list[Tensor]:
+    """Per step, [B, T] bool of the positions whose loss counts."""
+    inside = torch.ones_like(loss_mask, dtype=torch.bool) if attention_mask is None \
+        else attention_mask.bool()
+    supervised = loss_mask.bool() & inside
+    valid = []
+    for k in range(ttt_steps):
+        predicted_token_ok = shift_left(supervised, k + 2, False)
+        valid.append(inside & predicted_token_ok & shift_left(labels.in_vocab, k + 1, False))
+    return valid
+
+
+@dataclass
+class TTTMetrics:
+    """Per-step counts; rates are ratios of sums so batches add up exactly (`a + b`)."""
+    ce_sum: Tensor          # [K] soft cross-entropy summed over valid positions
+    valid: Tensor           # [K] positions scored at step k
+    correct: Tensor         # [K] of those, draft argmax == target argmax
+    chain_valid: Tensor     # [K] positions valid at every step 0..k
+    chain_correct: Tensor   # [K] of those, steps 0..k all correct
+    chain_prefix: Tensor    # [K] of those, steps 0..k-1 all correct (all of them at k = 0)
+
+    def __add__(self, other: "TTTMetrics") -> "TTTMetrics":
+        return TTTMetrics(*(getattr(self, f) + getattr(other, f)
+                            for f in self.__dataclass_fields__))
+
+    @staticmethod
+    def _rate(num: Tensor, den: Tensor) -> list[float]:
+        return [float(n) / float(d) if d else float("nan") for n, d in zip(num, den)]
+
+    @property
+    def loss(self) -> list[float]:
+        return self._rate(self.ce_sum, self.valid)
+
+    @property
+    def accuracy(self) -> list[float]:
+        return self._rate(self.correct, self.valid)
+
+    @property
+    def acceptance_unconditional(self) -> list[float]:
+        """Share of chains whose first k + 1 drafts all match the target."""
+        return self._rate(self.chain_correct, self.chain_valid)
+
+    @property
+    def acceptance_conditional(self) -> list[float]:
+        """Share matching at step k among chains that matched at every earlier step."""
+        return self._rate(self.chain_correct, self.chain_prefix)
+
+    def as_dict(self) -> dict[str, list[float]]:
+        return {"loss": self.loss, "accuracy": self.accuracy,
+                "acceptance_conditional": self.acceptance_conditional,
+                "acceptance_unconditional": self.acceptance_unconditional,
+                "valid_positions": [int(v) for v in self.valid]}
+
+
+def step_metrics(ce: list[Tensor], correct: list[Tensor], valid: list[Tensor]) -> TTTMetrics:
+    """Count per-step and chained matches from [B, T] per-step tensors."""
+    chain_valid = torch.ones_like(valid[0])
+    chain_correct = torch.ones_like(valid[0])
+    rows = []
+    for ce_k, correct_k, valid_k in zip(ce, correct, valid):
+        prefix_correct = chain_correct
+        chain_valid = chain_valid & valid_k
+        chain_correct = chain_correct & correct_k
+        counts = [(ce_k.detach() * valid_k).sum(), valid_k.sum(), (correct_k & valid_k).sum(),
+                  chain_valid.sum(), (chain_correct & chain_valid).sum(),
+                  (prefix_correct & chain_valid).sum()]
+        rows.append(torch.stack([c.double() for c in counts]).cpu())
+    return TTTMetrics(*torch.stack(rows, dim=1))
+
+
+def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor,
+                last_or_logits: Tensor, input_ids: Tensor, loss_mask: Tensor,
+                attention_mask: Tensor | None = None, ttt_steps: int = 7, decay: float = 0.8,
+                target_lm_head: Tensor | None = None) -> tuple[Tensor, TTTMetrics]:
+    """Loss = sum_k decay**k * (soft cross-entropy of step k averaged over its valid positions).
+
+    aux [B, T, num_aux * target_hidden]: target features; last_or_logits: the target's logits or
+    final hidden state (with `target_lm_head`); input_ids, loss_mask, attention_mask: [B, T].
+    """
+    labels = soft_labels(last_or_logits, drafter, target_lm_head)
+    valid = valid_positions(labels, loss_mask, attention_mask, ttt_steps)
+    total, ces, corrects = aux.new_zeros((), dtype=torch.float32), [], []
+    for k, logits in enumerate(ttt_unroll(drafter, embed, aux, input_ids, attention_mask,
+                                          ttt_steps)):
+        probs = shift_left(labels.probs, k + 1, 0.0)
+        ce = -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+        total = total + decay ** k * (ce * valid[k]).sum() / valid[k].sum().clamp(min=1)
+        ces.append(ce)
+        corrects.append(logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
+    return total, step_metrics(ces, corrects, valid)

@@ -1,0 +1,207 @@
+"""extract: the target's hidden states for every merged sample, in resumable safetensors shards.
+
+Reads params `target` and `extract`. Writes data/hidden/shard-NNNNN.safetensors (aux [T, 3H],
+last [T, H], input_ids [T], loss_mask [T]), data/hidden/index.parquet (sample_id, split, shard,
+offset, length) and data/hidden/meta.json (which HF hidden-state indices, and the layer ids that
+make SGLang and vLLM capture the same ones). Shards are the unit of resume; under torchrun each
+rank extracts the shards with index = rank (mod world size).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from . import config
+from .cli import StageError, run
+from .drafter.layers import default_aux_indices, serving_layer_ids
+from .engines.features import FeatureExtractor
+from .engines.hf import load_causal_lm
+from .io import Progress, atomic_path, write_json, write_parquet
+from .target import model_fingerprint
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def plan_shards(merged_dir: Path, splits: list[str], shard_tokens: int) -> list[list[dict]]:
+    """Consecutive merged samples grouped into shards of about `shard_tokens` tokens."""
+    shards: list[list[dict]] = [[]]
+    size = 0
+    for split in splits:
+        path = merged_dir / f"{split}.parquet"
+        if not path.exists():
+            raise StageError(f"extract.splits: {path} does not exist; run the merge stage")
+        for batch in pq.ParquetFile(path).iter_batches(columns=["sample_id", "length"]):
+            for row in batch.to_pylist():
+                if size and size + row["length"] > shard_tokens:
+                    shards.append([])
+                    size = 0
+                shards[-1].append(dict(row, split=split))
+                size += row["length"]
+    return [s for s in shards if s]
+
+
+def load_rows(merged_dir: Path, split: str, wanted: set[str]) -> dict[str, dict]:
+    rows = {}
+    for batch in pq.ParquetFile(merged_dir / f"{split}.parquet").iter_batches(
+            columns=["sample_id", "input_ids", "loss_start"]):
+        ids = batch.column("sample_id").to_pylist()
+        keep = [i for i, sid in enumerate(ids) if sid in wanted]
+        if keep:
+            for row in batch.take(keep).to_pylist():
+                rows[row["sample_id"]] = row
+    return rows
+
+
+def shard_key(fingerprint: str, shard: list[dict]) -> str:
+    """Identity of a shard's content: the extraction settings and exactly which samples."""
+    ids = "|".join(f"{r['split']}:{r['sample_id']}:{r['length']}" for r in shard)
+    return hashlib.sha256(f"{fingerprint}|{ids}".encode()).hexdigest()[:16]
+
+
+def shard_done(path: Path, key: str) -> bool:
+    """A shard counts as done only when it exists and holds exactly the planned samples."""
+    if not path.exists():
+        return False
+    with safe_open(str(path), "pt") as f:
+        return (f.metadata() or {}).get("shard_key") == key
+
+
+def length_batches(rows: list[dict], batch_tokens: int) -> list[list[dict]]:
+    """Rows sorted by length, grouped so padded batch size stays under batch_tokens."""
+    batches, current = [], []
+    for row in sorted(rows, key=lambda r: len(r["input_ids"])):
+        if current and len(row["input_ids"]) * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(row)
+    return batches + ([current] if current else [])
+
+
+def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: int,
+                  dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
+    feats = {}
+    for batch in length_batches(rows, batch_tokens):
+        width = max(len(r["input_ids"]) for r in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, r in enumerate(batch):
+            ids[b, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
+            mask[b, : len(r["input_ids"])] = 1
+        aux, last = extractor(ids.to(device), mask.to(device))
+        for b, r in enumerate(batch):
+            n = len(r["input_ids"])
+            feats[r["sample_id"]] = (aux[b, :n].to("cpu", dtype), last[b, :n].to("cpu", dtype))
+    order = [r["sample_id"] for r in rows]
+    input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
+    loss_mask = torch.cat([(torch.arange(len(r["input_ids"])) >= r["loss_start"]).to(torch.uint8)
+                           for r in rows])
+    return {"aux": torch.cat([feats[s][0] for s in order]),
+            "last": torch.cat([feats[s][1] for s in order]),
+            "input_ids": input_ids, "loss_mask": loss_mask}
+
+
+def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
+            target: config.TargetParams, rank: int = 0, world: int = 1) -> dict:
+    model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code)
+    cfg = model.config
+    num_layers = cfg.num_hidden_layers
+    indices = params.layers or default_aux_indices(num_layers)
+    extractor = FeatureExtractor(model, indices)
+    device = next(model.parameters()).device
+    arch = (cfg.architectures or [type(model).__name__])[0]
+    fingerprint = hashlib.sha256(json.dumps(
+        [model_fingerprint(target), indices, params.dtype, params.splits, params.shard_tokens]
+    ).encode()).hexdigest()[:16]
+    meta = {
+        "fingerprint": fingerprint, "target_path": target.path, "architecture": arch,
+        "num_hidden_layers": num_layers, "hidden_size": cfg.hidden_size,
+        "aux_hf_indices": indices, "serving_layer_ids": serving_layer_ids(arch, indices),
+        "dtype": params.dtype, "bytes_per_token": (len(indices) + 1) * cfg.hidden_size
+        * torch.finfo(DTYPES[params.dtype]).bits // 8,
+    }
+    meta_path = out_dir / "meta.json"
+    stale = meta_path.exists() and json.loads(meta_path.read_text())["fingerprint"] != fingerprint
+    plan = plan_shards(merged_dir, params.splits, params.shard_tokens)
+    total = sum(r["length"] for s in plan for r in s)
+    _barrier(world)  # every rank has read the old meta before rank 0 may remove it
+    if rank == 0:
+        if stale:
+            print("[extract] target, layers or storage settings changed: extracting again")
+            shutil.rmtree(out_dir)
+        print(f"[extract] {total:,} tokens x {meta['bytes_per_token']:,} bytes/token = "
+              f"{total * meta['bytes_per_token'] / 2**30:.2f} GiB in {len(plan)} shards "
+              f"(layers {indices} of {num_layers})")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for old in out_dir.glob("shard-*.safetensors"):
+            if int(old.stem.split("-")[1]) >= len(plan):
+                old.unlink()
+        write_json(meta, meta_path)
+    _barrier(world)
+    keys = [shard_key(fingerprint, shard) for shard in plan]
+    mine = [k for k in range(len(plan)) if k % world == rank
+            and not shard_done(out_dir / f"shard-{k:05d}.safetensors", keys[k])]
+    progress = Progress(f"extract rank {rank}", sum(len(plan[k]) for k in mine),
+                        sum(r["length"] for k in mine for r in plan[k]))
+    for k in mine:
+        by_split: dict[str, set] = {}
+        for r in plan[k]:
+            by_split.setdefault(r["split"], set()).add(r["sample_id"])
+        loaded = {sid: row for split, ids in by_split.items()
+                  for sid, row in load_rows(merged_dir, split, ids).items()}
+        rows = [loaded[r["sample_id"]] for r in plan[k]]
+        tensors = extract_shard(extractor, rows, params.batch_tokens, DTYPES[params.dtype], device)
+        with atomic_path(out_dir / f"shard-{k:05d}.safetensors") as tmp:
+            save_file(tensors, str(tmp), metadata={"shard_key": keys[k]})
+        progress.update(len(rows), int(tensors["input_ids"].numel()))
+    _barrier(world)
+    index = []
+    for k, shard in enumerate(plan):
+        offset = 0
+        for r in shard:
+            index.append(dict(sample_id=r["sample_id"], split=r["split"], shard=k, offset=offset,
+                              length=r["length"]))
+            offset += r["length"]
+    if rank == 0:
+        write_parquet(pa.Table.from_pylist(index), out_dir / "index.parquet")
+    return {"tokens": total, "shards": len(plan), "samples": len(index),
+            "bytes": total * meta["bytes_per_token"], "aux_hf_indices": indices}
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        torch.distributed.barrier()
+
+
+def main(params: Path = config.PARAMS_FILE, merged_dir: Path = Path("data/merged"),
+         out_dir: Path = Path("data/hidden"), report: Path = Path("reports/extract.json")) -> None:
+    """Extract target hidden states (run under torchrun for several GPUs)."""
+    ext = config.section(config.ExtractParams, "extract", params)
+    target = config.section(config.TargetParams, "target", params)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend)
+        if torch.cuda.is_available() and target.device == "auto":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            target = config.TargetParams(**{**target.__dict__, "device": f"cuda:{local}"})
+    metrics = extract(merged_dir, out_dir, ext, target, rank, world)
+    if rank == 0:
+        write_json(metrics, report)
+        print(f"[extract] {metrics}")
+    if world > 1:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run(main)

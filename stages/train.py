@@ -1,0 +1,135 @@
+"""train: the EAGLE-3 drafter on the extracted hidden states, then its export.
+
+Reads params `train` (and the target path from `target`). Resumes from
+models/checkpoints/last.pt; keeps models/checkpoints/best.pt by simulated acceptance on the eval
+split; exports the best to models/drafter/ in SGLang's LlamaForCausalLMEagle3 format (checked key
+by key). Writes reports/train.json, reports/plots/train_loss.csv and
+reports/plots/train_acceptance.csv. Under torchrun it trains data-parallel (DDP).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig
+
+from . import config
+from .cli import StageError, run
+from .drafter.export import check_export, export_drafter
+from .drafter.hidden import HiddenStates
+from .drafter.model import Eagle3Config, Eagle3Drafter
+from .drafter.training import LoopSettings, Objective, Rank, train
+from .engines.hf import resolve_device
+from .engines.weights import embedding_and_head
+from .io import write_json, write_text
+
+
+def build_drafter(target_config, meta: dict, vocab_file: Path, draft: dict) -> Eagle3Drafter:
+    vocab = load_file(str(vocab_file))
+    cfg = Eagle3Config.from_target(target_config, int(vocab["d2t"].numel()),
+                                   meta["aux_hf_indices"], **draft)
+    drafter = Eagle3Drafter(cfg)
+    drafter.set_vocab(vocab["d2t"], vocab["t2d"])
+    return drafter
+
+
+def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
+    steps_per_epoch = math.ceil(train_samples / p.batch_size)
+    total = p.max_steps or max(1, math.ceil(steps_per_epoch * p.epochs))
+    return LoopSettings(
+        ttt_steps=p.ttt_steps, decay=p.decay, total_steps=total, batch_size=p.batch_size,
+        lr=p.lr, min_lr_ratio=p.min_lr_ratio, warmup_steps=max(1, int(total * p.warmup_ratio)),
+        weight_decay=p.weight_decay, grad_clip=p.grad_clip, eval_every=p.eval_every,
+        eval_num_steps=p.eval_num_steps, eval_max_samples=p.eval_max_samples,
+        checkpoint_every=p.checkpoint_every, seed=p.seed)
+
+
+def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
+    """Keep checkpoints only when they belong to this exact run (params, features, vocab)."""
+    run_file = checkpoint_dir / "run.json"
+    if run_file.exists() and json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
+        print(f"[train] params, features or vocab changed: starting over in {checkpoint_dir}")
+        shutil.rmtree(checkpoint_dir)
+    write_json(run, run_file)
+
+
+def csv_text(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return buf.getvalue()
+
+
+def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden"),
+         vocab_file: Path = Path("data/vocab/d2t_t2d.safetensors"),
+         checkpoint_dir: Path = Path("models/checkpoints"), out_dir: Path = Path("models/drafter"),
+         report_dir: Path = Path("reports")) -> None:
+    """Train the drafter (torchrun for several GPUs) and export the best checkpoint."""
+    p = config.section(config.TrainParams, "train", params)
+    target = config.section(config.TargetParams, "target", params)
+    rank = Rank(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+    device = resolve_device(p.device)
+    if rank.world > 1:
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(device)
+    torch.manual_seed(p.seed)
+    meta = json.loads((hidden_dir / "meta.json").read_text())
+    target_config = AutoConfig.from_pretrained(target.path, local_files_only=True,
+                                               trust_remote_code=target.trust_remote_code)
+    drafter = build_drafter(target_config, meta, vocab_file, p.draft)
+    embed, head = embedding_and_head(target.path)
+    train_set = HiddenStates(hidden_dir, "train", p.max_length)
+    eval_set = HiddenStates(hidden_dir, "eval", p.max_length)
+    if not len(train_set):
+        raise StageError(f"{hidden_dir}/index.parquet: no train samples; check extract.splits")
+    s = settings(p, len(train_set))
+    if rank.main:
+        start_or_resume(checkpoint_dir, {"train": p.__dict__, "hidden": meta["fingerprint"],
+                                         "vocab": hashlib.sha256(vocab_file.read_bytes())
+                                         .hexdigest()[:16]})
+    if rank.world > 1:
+        torch.distributed.barrier()
+    print(f"[train] {len(train_set)} train / {len(eval_set)} eval samples, {s.total_steps} steps, "
+          f"draft {sum(x.numel() for x in drafter.parameters()):,} parameters on {device}")
+    objective = Objective(drafter, embed.float(), head.float(), p.ttt_steps, p.decay)
+    history = train(objective, train_set, eval_set, s, checkpoint_dir, device, rank)
+    if rank.main:
+        best_path = checkpoint_dir / "best.pt"
+        best = torch.load(best_path if best_path.exists() else checkpoint_dir / "last.pt",
+                          map_location="cpu", weights_only=True)
+        drafter.load_state_dict(best["model"])
+        export_drafter(drafter.cpu(), drafter.cfg, out_dir, target_config,
+                       extra={"training": p.__dict__, "hidden_meta": meta})
+        check_export(out_dir, target_config, meta["aux_hf_indices"])
+        best_eval = max(history.evals, key=lambda e: e["simulated_tau"], default=None)
+        metrics = {"steps": s.total_steps, "final_loss": history.steps[-1]["loss"],
+                   "best_step": best_eval and best_eval["step"],
+                   "best_simulated_tau": best_eval and best_eval["simulated_tau"],
+                   "eval_num_steps": p.eval_num_steps}
+        write_json(metrics, report_dir / "train.json")
+        write_text(csv_text(history.steps), report_dir / "plots" / "train_loss.csv")
+        if best_eval:
+            write_text(csv_text([{"position": k + 1, "accuracy": best_eval["accuracy"][k],
+                                  "conditional": best_eval["acceptance_conditional"][k],
+                                  "unconditional": best_eval["acceptance_unconditional"][k]}
+                                 for k in range(p.ttt_steps)]),
+                       report_dir / "plots" / "train_acceptance.csv")
+        print(f"[train] {metrics}")
+    if rank.world > 1:
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run(main)

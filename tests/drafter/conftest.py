@@ -1,0 +1,65 @@
+"""A tiny random Llama target and drafters built from it, shared by the drafter tests."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from stages.drafter import Eagle3Config, Eagle3Drafter, build_draft_vocab, default_aux_indices
+
+VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 300, 64, 8, 120
+
+
+def tiny_target_config(**overrides) -> LlamaConfig:
+    values = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128,
+                  num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=256, architectures=["LlamaForCausalLM"])
+    return LlamaConfig(**{**values, **overrides})
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The models here are tiny: thread start-up and contention cost more than the math."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def target_config() -> LlamaConfig:
+    return tiny_target_config()
+
+
+@pytest.fixture(scope="session")
+def target(target_config) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(target_config).eval()
+
+
+def make_drafter(target_config, seed: int = 1, draft_vocab: int = DRAFT_VOCAB) -> Eagle3Drafter:
+    """A random drafter whose norms are not all ones and whose vocabulary is a scattered subset,
+    so a swapped norm or a dropped d2t offset changes the outputs."""
+    cfg = Eagle3Config.from_target(target_config, draft_vocab, default_aux_indices(LAYERS))
+    g = torch.Generator().manual_seed(seed)
+    drafter = Eagle3Drafter(cfg)
+    with torch.no_grad():
+        for name, p in drafter.named_parameters():
+            if p.dim() == 1:
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+        counts = torch.randint(0, 50, (cfg.vocab_size,), generator=g)
+        d2t, t2d, _ = build_draft_vocab(counts, draft_vocab)
+        drafter.set_vocab(d2t, t2d)
+    return drafter.eval()
+
+
+@pytest.fixture
+def drafter(target_config) -> Eagle3Drafter:
+    return make_drafter(target_config)
+
+
+def features(target, ids: torch.Tensor, aux_indices) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux [B, T, 3H], logits [B, T, V]) of the target over `ids` [B, T]."""
+    with torch.no_grad():
+        out = target(input_ids=ids, output_hidden_states=True, use_cache=False)
+    return torch.cat([out.hidden_states[i] for i in aux_indices], dim=-1), out.logits

@@ -1,0 +1,165 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stages.drafter.model import DraftStep, Eagle3Drafter
+from stages.drafter.ttt import (SoftLabels, TTTMetrics, shift_left, soft_labels, step_metrics,
+                                ttt_forward, ttt_unroll, valid_positions)
+
+from .conftest import HIDDEN, VOCAB, features, make_drafter
+
+T = 6
+
+
+def labels_all_in_vocab(batch=1):
+    return SoftLabels(torch.zeros(batch, T, 4), torch.zeros(batch, T, dtype=torch.long),
+                      torch.ones(batch, T, dtype=torch.bool))
+
+
+def test_valid_pairs_on_a_six_token_example():
+    # Tokens 0-1 are the prompt, 2-5 the supervised answer, except token 3.
+    loss_mask = torch.tensor([[0, 0, 1, 0, 1, 1]])
+    valid = valid_positions(labels_all_in_vocab(), loss_mask, None, ttt_steps=4)
+    # Step k at position i predicts token i + 2 + k.
+    assert [v[0].int().tolist() for v in valid] == [
+        [1, 0, 1, 1, 0, 0],    # step 0: tokens 2, (3), 4, 5
+        [0, 1, 1, 0, 0, 0],    # step 1: tokens (3), 4, 5
+        [1, 1, 0, 0, 0, 0],    # step 2: tokens 4, 5
+        [1, 0, 0, 0, 0, 0],    # step 3: token 5
+    ]
+
+
+def test_padding_and_outside_vocab_targets_are_masked():
+    labels = labels_all_in_vocab()
+    labels.in_vocab[0, 3] = False            # the target's choice at position 3 (token 4)
+    loss_mask = torch.ones(1, T, dtype=torch.long)
+    attention = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)   # token 5 is padding
+    valid = valid_positions(labels, loss_mask, attention, ttt_steps=3)
+    assert [v[0].int().tolist() for v in valid] == [
+        [1, 1, 0, 0, 0, 0],    # tokens 2, 3 (4 is outside the draft vocab, 5 is padding)
+        [1, 0, 0, 0, 0, 0],    # token 3 (4 outside the vocab)
+        [0, 0, 0, 0, 0, 0],    # token 4 outside the vocab
+    ]
+
+
+class ScriptedDrafter(Eagle3Drafter):
+    """Predicts, at step k and position i, the draft id `answer(i, k)`; records its inputs."""
+
+    def __init__(self, cfg, answer):
+        super().__init__(cfg)
+        self.answer, self.embeds = answer, []
+
+    def step(self, embeds, hidden, kv=None, key_mask=None):
+        k = len(self.embeds)
+        self.embeds.append(embeds)
+        index = torch.tensor([self.answer(i, k) for i in range(embeds.shape[1])])
+        logits = 50.0 * F.one_hot(index, self.cfg.draft_vocab_size).float()[None]
+        return DraftStep(logits.expand(embeds.shape[0], -1, -1), hidden, kv)
+
+
+def test_step_k_at_position_i_learns_the_target_at_i_plus_1_plus_k(drafter):
+    # The target's choice at position t is draft id t (and its target id is in the vocab).
+    draft_ids = drafter.draft_ids()
+    target_logits = torch.full((1, T, VOCAB), -20.0)
+    target_logits[0, torch.arange(T), draft_ids[:T]] = 20.0
+    input_ids = torch.arange(10, 10 + T)[None]
+    embed = torch.randn(VOCAB, HIDDEN)
+    aux = torch.randn(1, T, 3 * HIDDEN)
+    loss_mask = torch.ones(1, T)
+
+    right = ScriptedDrafter(drafter.cfg, lambda i, k: min(i + 1 + k, T - 1))
+    right.set_vocab(drafter.d2t, drafter.t2d)
+    loss, metrics = ttt_forward(right, embed, aux, target_logits, input_ids, loss_mask,
+                                ttt_steps=3)
+    assert metrics.accuracy == [1.0, 1.0, 1.0]
+    assert metrics.valid.tolist() == [4, 3, 2]
+    assert metrics.acceptance_unconditional == [1.0, 1.0, 1.0]
+    assert loss.item() < 1e-6
+    for k, embeds in enumerate(right.embeds):   # step k at position i reads token i + 1 + k
+        n = T - 1 - k
+        torch.testing.assert_close(embeds[0, :n], embed[input_ids[0, 1 + k:]])
+
+    late = ScriptedDrafter(drafter.cfg, lambda i, k: min(i + 2 + k, T - 1))
+    late.set_vocab(drafter.d2t, drafter.t2d)
+    loss, metrics = ttt_forward(late, embed, aux, target_logits, input_ids, loss_mask,
+                                ttt_steps=3)
+    assert metrics.accuracy == [0.0, 0.0, 0.0]
+    assert loss.item() > 10
+
+
+def test_loss_is_the_decayed_mean_over_valid_positions(target, drafter):
+    torch.manual_seed(0)
+    ids = torch.randint(0, VOCAB, (2, 9))
+    aux, logits = features(target, ids, drafter.cfg.aux_layer_ids)
+    loss_mask = torch.ones_like(ids)
+    loss_mask[:, :3] = 0
+    attention = torch.ones_like(ids, dtype=torch.bool)
+    attention[1, 7:] = False
+    # Make the target's choice at one position fall outside the draft vocabulary.
+    outside = int((~drafter.t2d).nonzero()[0])
+    logits[0, 4, outside] = 1e3
+    loss, metrics = ttt_forward(drafter, target.model.embed_tokens, aux, logits, ids, loss_mask,
+                                attention, ttt_steps=3, decay=0.5)
+
+    draft_logits = ttt_unroll(drafter, target.model.embed_tokens, aux, ids, attention, 3)
+    labels = soft_labels(logits, drafter)
+    valid = valid_positions(labels, loss_mask, attention, 3)
+    assert not valid[0][0, 3] and not valid[1][0, 2]    # both would learn position 4
+    expected = 0.0
+    for k in range(3):
+        p = shift_left(labels.probs, k + 1, 0.0)[valid[k]]
+        ce = -(p * F.log_softmax(draft_logits[k][valid[k]], -1)).sum(-1)
+        expected += 0.5 ** k * ce.mean()
+        assert metrics.valid[k] == valid[k].sum()
+    torch.testing.assert_close(loss, expected)
+    # The masked position's target does not enter the loss.
+    logits2 = logits.clone()
+    logits2[0, 4, drafter.draft_ids()] += torch.randn(drafter.cfg.draft_vocab_size)
+    loss2, _ = ttt_forward(drafter, target.model.embed_tokens, aux, logits2, ids, loss_mask,
+                           attention, ttt_steps=3, decay=0.5)
+    torch.testing.assert_close(loss2, loss)
+
+
+def test_soft_labels_from_final_hidden_state_equal_those_from_logits(target, drafter):
+    ids = torch.randint(0, VOCAB, (2, 7))
+    with torch.no_grad():
+        out = target(ids, output_hidden_states=True)
+    from_logits = soft_labels(out.logits, drafter)
+    from_last = soft_labels(out.hidden_states[-1], drafter, target.lm_head.weight, chunk=3)
+    torch.testing.assert_close(from_last.probs, from_logits.probs)
+    assert torch.equal(from_last.in_vocab, from_logits.in_vocab)
+    with pytest.raises(ValueError, match="lm_head"):
+        soft_labels(out.hidden_states[-1], drafter)
+
+
+def test_gradient_reaches_every_drafter_parameter_and_nothing_else(target, target_config):
+    drafter = make_drafter(target_config).train()
+    ids = torch.randint(0, VOCAB, (2, 8))
+    aux, logits = features(target, ids, drafter.cfg.aux_layer_ids)
+    aux.requires_grad_(True)
+    embed = torch.nn.Embedding.from_pretrained(target.model.embed_tokens.weight.clone(),
+                                               freeze=False)
+    # Every target choice inside the draft vocabulary, so every position is scored.
+    logits[..., drafter.draft_ids()] += 1e3
+    loss, _ = ttt_forward(drafter, embed, aux, logits, ids, torch.ones_like(ids), ttt_steps=3)
+    loss.backward()
+    assert embed.weight.grad is None and aux.grad is None
+    for name, p in drafter.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_metrics_count_chains_and_add_up():
+    def bools(rows):
+        return [torch.tensor([r], dtype=torch.bool) for r in rows]
+    valid = bools([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]])
+    correct = bools([[1, 1, 0, 1], [1, 0, 1, 1], [0, 1, 1, 1]])
+    ce = [torch.ones(1, 4)] * 3
+    m = step_metrics(ce, correct, valid)
+    assert m.accuracy == [0.75, 2 / 3, 0.5]
+    # chains: position 0 matches at steps 0,1 then fails; position 1 fails at step 1.
+    assert m.acceptance_unconditional == [0.75, 1 / 3, 0.0]
+    assert m.acceptance_conditional == [0.75, 0.5, 0.0]
+    both = m + m
+    assert isinstance(both, TTTMetrics) and both.accuracy == m.accuracy
+    assert both.valid.tolist() == [8, 6, 4]
+    assert m.as_dict()["valid_positions"] == [4, 3, 2]
