@@ -7,6 +7,8 @@ from typing import Callable
 
 import typer
 
+from .engines import EngineError
+
 
 class StageError(RuntimeError):
     """A stage cannot go on; the message says why and what would fix it."""
@@ -17,7 +19,7 @@ def run(main: Callable) -> None:
     app.command()(main)
     try:
         app(standalone_mode=False)
-    except (StageError, ValueError, FileNotFoundError, KeyError) as err:
+    except (StageError, EngineError, ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     except typer.Exit as done:

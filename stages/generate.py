@@ -6,6 +6,7 @@ skipped, a changed fingerprint starts the dataset over. Writes reports/generate/
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -19,7 +20,8 @@ import pyarrow.parquet as pq
 from . import config
 from .cli import StageError, run
 from .engines import Completion, Sampling
-from .io import Progress, write_json
+from .io import write_json
+from .monitor import Backlog, GenerationMonitor, run_backlog
 from .raw import RAW_SCHEMA, append_part, compact, read_raw
 from .target import load_tokenizer, model_fingerprint, pad_id, token_roles
 from .tokens import TokenRoles, analyze_output
@@ -42,7 +44,20 @@ def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokeniz
         from .engines.hf import HFEngine, load_causal_lm
         model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code)
         return HFEngine(model, pad_id(tokenizer), gen.batch_size)
-    raise StageError(f"generate.engine: {gen.engine!r} is not available in this version; use 'hf'")
+    if gen.engine == "sglang":
+        from .engines.sglang import SGLangEngine
+        from .engines.sglang_server import launch_command, server_url, start_server
+        s, urls = gen.sglang, gen.sglang.urls
+        if s.launch is not None:
+            args = dataclasses.asdict(s.launch.server_args)
+            command = launch_command(s.launch.model_path or target.path, args, s.launch.extra_args,
+                                     trust_remote_code=target.trust_remote_code,
+                                     module=s.launch.module)
+            urls = [start_server(command, server_url(args["host"], args["port"]),
+                                 s.launch.health_timeout_s, s.launch.log_file).url]
+        return SGLangEngine(urls, s.concurrency, s.timeout_s, s.connect_timeout_s, s.max_retries,
+                            s.backoff_s, s.backoff_max_s)
+    raise StageError(f"generate.engine: {gen.engine!r} is not one of 'hf', 'sglang'")
 
 
 def completion_row(prompt: dict, done: Completion, roles: TokenRoles, engine: str, fp: str,
@@ -57,7 +72,8 @@ def completion_row(prompt: dict, done: Completion, roles: TokenRoles, engine: st
 
 
 def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.GenerateParams,
-                     budget_tokens: int, target: config.TargetParams, engine=None) -> dict:
+                     budget_tokens: int, target: config.TargetParams, engine=None,
+                     others: list[Backlog] = ()) -> dict:
     tokenizer = load_tokenizer(target)
     roles = token_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
@@ -76,7 +92,6 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
     pending = [r for r in prompts.to_pylist() if r["sample_id"] not in done_ids]
     by_id = {r["sample_id"]: r for r in pending}
 
-    progress = Progress(f"generate {name}", len(pending), max(budget_tokens - used, 0))
     state = dict(tokens=used, new=0)
 
     def requests():
@@ -86,18 +101,21 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
             yield r["sample_id"], r["prompt_ids"]
 
     engine = engine or make_engine(gen, target, tokenizer)
+    monitor = GenerationMonitor(name, len(wanted), len(done_ids), budget_tokens, used, others,
+                                getattr(engine, "urls", ()))
     buffer: list[dict] = []
     start = time.monotonic()
     for done in engine.generate(requests(), sampling):
         buffer.append(completion_row(by_id[done.sample_id], done, roles, engine.name, fp, tokenizer))
         state["tokens"] += len(done.output_ids)
         state["new"] += 1
-        progress.update(1, len(done.output_ids))
+        monitor.update(done)
         if len(buffer) >= gen.append_every:
             append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
             buffer.clear()
     if buffer:
         append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
+    monitor.print()
     elapsed = time.monotonic() - start
     table = read_raw(out_dir) if out_dir.exists() else RAW_SCHEMA.empty_table()
     table = table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted))))
@@ -121,10 +139,12 @@ def main(dataset: str, params: Path = config.PARAMS_FILE,
          report_dir: Path = Path("reports/generate")) -> None:
     """Generate the target's replies for one dataset."""
     ds = config.dataset(dataset, params)
+    budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}
     gen = config.section(config.GenerateParams, "generate", params)
     target = config.section(config.TargetParams, "target", params)
     metrics = generate_dataset(dataset, prompts_dir / f"{dataset}.parquet", out_dir / dataset,
-                               gen, ds.generate.budget_tokens, target)
+                               gen, ds.generate.budget_tokens, target,
+                               others=run_backlog(budgets, prompts_dir, out_dir))
     write_json(metrics, report_dir / f"{dataset}.json")
     print(f"[generate {dataset}] " + "  ".join(f"{k} {v}" for k, v in metrics.items()))
 

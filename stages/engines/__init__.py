@@ -11,6 +11,10 @@ from typing import Iterable, Iterator, Literal, Protocol
 FinishReason = Literal["stop", "length", "abort"]
 
 
+class EngineError(RuntimeError):
+    """An engine or its server cannot go on; the message names the server and the fix."""
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Every sampling value, sent explicitly: servers do not apply generation_config.json."""

@@ -1,0 +1,242 @@
+"""The SGLang engine: prompt ids to SGLang's native /generate, the raw output ids back.
+
+One HTTP request per sample (a batch request fails whole on one bad item and `n > 1` loses the
+rids), many in flight per server, several servers. The asyncio loop runs inside `generate`, so the
+caller sees a plain iterator, and a request is pulled from the caller's iterator only when a slot
+is free: a token budget stops the stream after the completions already counted.
+
+Token ids go in and come out; a reply without `output_ids` is an error, never a reason to
+re-tokenize text. The HTTP client is aiohttp: httpx 0.28's connection pool scans every connection
+per request and managed about 140 requests/s at 512 in flight on one core (600/s split over 512
+one-connection clients), where this engine must keep more than 1,000/s
+(tests/perf/bench_sglang_client.py measures it).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+import random
+import time
+from typing import Iterable, Iterator
+
+import aiohttp
+
+from . import Completion, EngineError, Sampling
+
+# Worth another try: the server is starting, overloaded or gone. 408 and 429 are what
+# sglang_router answers when its own queue is full or timed out, so they mean "later" too.
+RETRY_STATUS = frozenset({408, 429})
+JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+class SGLangError(EngineError):
+    """The servers cannot produce the tokens; the message says which server and what to change."""
+
+
+class _Retry(Exception):
+    """One attempt failed in a way another attempt may not."""
+
+
+def request_body(sample_id: str, prompt_ids: list[int], sampling: Sampling, attempt: int) -> dict:
+    """The /generate body: every sampling value explicit (servers skip generation_config.json).
+
+    The rid is the sample id plus the attempt number: stable across runs, so a sample can be
+    found in the server's logs, and unique among retries, since SGLang refuses a rid in use.
+    """
+    return {
+        "rid": f"{sample_id}#{attempt}",
+        "input_ids": prompt_ids,
+        "stream": False,
+        "sampling_params": {
+            "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": sampling.top_k,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "stop_token_ids": list(sampling.stop_ids),
+            "ignore_eos": False,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,  # keep the stop token in output_ids
+            "sampling_seed": sample_seed(sampling.seed, sample_id),
+            "n": 1,
+        },
+    }
+
+
+def sample_seed(seed: int, sample_id: str) -> int:
+    """A per-sample seed, so a resumed run samples what the first run would have."""
+    digest = hashlib.sha256(f"{seed}:{sample_id}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def parse_reply(reply: dict, sample_id: str, url: str, latency_s: float) -> Completion:
+    """A /generate reply as a Completion; a reply that cannot be trusted token for token raises."""
+    if not isinstance(reply, dict) or reply.get("output_ids") is None:
+        raise SGLangError(
+            f"{url}/generate answered sample {sample_id} without output_ids, so the generated "
+            f"token ids are unknown (text is never re-tokenized). SGLang 0.4.x returns output_ids "
+            f"only when launched with --skip-tokenizer-init: add that flag "
+            f"(generate.sglang.launch.server_args.skip_tokenizer_init: true) or upgrade to "
+            f"SGLang >= 0.5. Reply keys: {sorted(reply) if isinstance(reply, dict) else reply!r}")
+    ids = reply["output_ids"]
+    meta = reply.get("meta_info") or {}
+    finish = meta.get("finish_reason") or {}
+    if not isinstance(finish, dict):
+        finish = {"type": finish}
+    kind = finish.get("type")
+    latency = float(meta.get("e2e_latency") or latency_s)
+    if kind == "abort":
+        return Completion(sample_id, ids, "abort", latency,
+                          error=f"{url}: {finish.get('message') or 'aborted by the server'}")
+    if kind not in ("stop", "length"):
+        raise SGLangError(f"{url}/generate: sample {sample_id} finished with {kind!r}; expected "
+                          f"finish_reason type stop, length or abort in meta_info")
+    matched = finish.get("matched")
+    if kind == "stop" and isinstance(matched, int) and (not ids or ids[-1] != matched):
+        raise SGLangError(f"{url}/generate: sample {sample_id} stopped on token {matched} but "
+                          f"output_ids do not end with it; the server ignored no_stop_trim, which "
+                          f"would drop every stop token from the data")
+    return Completion(sample_id, ids, kind, latency)
+
+
+def error_message(body: bytes) -> str:
+    """The server's own words from an error reply: SGLang sends {"error": {"message": ...}}."""
+    text = body.decode(errors="replace")
+    try:
+        error = json.loads(text).get("error", text)
+    except (ValueError, AttributeError):
+        return text.strip()[:500]
+    if isinstance(error, dict):
+        error = error.get("message", error)
+    return str(error)[:500]
+
+
+async def _shut_down(in_flight: list[asyncio.Task], unread: Iterable[asyncio.Task],
+                     session: aiohttp.ClientSession) -> None:
+    """Cancel what is in flight (a rerun sends it again), let go of finished results nobody
+    will read (failures included) and close the connections."""
+    for task in in_flight:
+        task.cancel()
+    await asyncio.gather(*in_flight, *unread, return_exceptions=True)
+    await session.close()
+
+
+class SGLangEngine:
+    """Many requests in flight over several SGLang servers, with retries, as an Engine."""
+
+    name = "sglang"
+
+    def __init__(self, urls: list[str], concurrency: int = 256, timeout_s: float = 3600.0,
+                 connect_timeout_s: float = 10.0, max_retries: int = 8, backoff_s: float = 1.0,
+                 backoff_max_s: float = 60.0):
+        if not urls:
+            raise ValueError("generate.sglang.urls: give at least one server URL")
+        if concurrency < 1:
+            raise ValueError(f"generate.sglang.concurrency: {concurrency} must be at least 1")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.concurrency, self.max_retries = concurrency, max_retries
+        self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
+        self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
+        self.in_flight = dict.fromkeys(self.urls, 0)  # requests sent and not yet answered
+        self.retries = 0  # failed attempts that were tried again, over the engine's life
+        self._jitter = random.Random()
+
+    def generate(self, requests: Iterable[tuple[str, list[int]]],
+                 sampling: Sampling) -> Iterator[Completion]:
+        loop = asyncio.new_event_loop()
+        session = loop.run_until_complete(self._open_session())
+        tasks: set[asyncio.Task] = set()
+        finished: collections.deque[asyncio.Task] = collections.deque()
+        wakeup = loop.create_future()
+
+        def on_done(task: asyncio.Task) -> None:
+            tasks.discard(task)
+            finished.append(task)
+            if not wakeup.done():
+                wakeup.set_result(None)
+
+        pending = iter(requests)
+        capacity = self.concurrency * len(self.urls)
+        exhausted = False
+        try:
+            while True:
+                while not exhausted and len(tasks) < capacity:
+                    request = next(pending, None)
+                    if request is None:
+                        exhausted = True
+                        break
+                    task = loop.create_task(self._complete(session, *request, sampling))
+                    task.add_done_callback(on_done)
+                    tasks.add(task)
+                if not finished:
+                    if not tasks:
+                        return
+                    wakeup = loop.create_future()
+                    loop.run_until_complete(wakeup)
+                yield finished.popleft().result()
+        finally:
+            loop.run_until_complete(_shut_down(list(tasks), finished, session))
+            loop.close()
+
+    async def _open_session(self) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
+                                        sock_read=self.timeout_s)
+        return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+    async def _complete(self, session: aiohttp.ClientSession, sample_id: str,
+                        prompt_ids: list[int], sampling: Sampling) -> Completion:
+        failures = []
+        url = None
+        for attempt in range(self.max_retries + 1):
+            url = self._pick_url(avoid=url)
+            try:
+                return await self._attempt(session, url, sample_id, prompt_ids, sampling, attempt)
+            except _Retry as failure:
+                failures.append(str(failure))
+            if attempt < self.max_retries:
+                self.retries += 1
+                await asyncio.sleep(self._backoff(attempt))
+        raise SGLangError(
+            f"sample {sample_id}: {len(failures)} attempts failed, the last: {failures[-1]}. "
+            f"Check that the servers in generate.sglang.urls are up (their /health answers 200), "
+            f"or raise generate.sglang.max_retries / backoff_max_s to wait out a restart; "
+            f"the samples already done are kept and a rerun resumes after them")
+
+    async def _attempt(self, session: aiohttp.ClientSession, url: str, sample_id: str,
+                       prompt_ids: list[int], sampling: Sampling, attempt: int) -> Completion:
+        body = json.dumps(request_body(sample_id, prompt_ids, sampling, attempt)).encode()
+        start = time.monotonic()
+        self.in_flight[url] += 1
+        try:
+            async with session.post(f"{url}/generate", data=body, headers=JSON_HEADERS) as reply:
+                status, payload = reply.status, await reply.read()
+        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+            raise _Retry(f"{url}: {type(err).__name__}: {err}") from None
+        finally:
+            self.in_flight[url] -= 1
+        latency = time.monotonic() - start
+        if status == 200:
+            try:
+                reply_json = json.loads(payload)
+            except ValueError:
+                raise _Retry(f"{url}: a reply that is not JSON: {payload[:200]!r}") from None
+            return parse_reply(reply_json, sample_id, url, latency)
+        if status >= 500 or status in RETRY_STATUS:
+            raise _Retry(f"{url}: HTTP {status}: {error_message(payload)}")
+        return Completion(sample_id, [], "abort", latency,
+                          error=f"{url}: HTTP {status}: {error_message(payload)}")
+
+    def _pick_url(self, avoid: str | None) -> str:
+        """The server with the fewest requests in flight; a retry goes elsewhere when it can."""
+        urls = [u for u in self.urls if u != avoid] or self.urls
+        return min(urls, key=self.in_flight.__getitem__)
+
+    def _backoff(self, attempt: int) -> float:
+        """Exponential backoff with full jitter, so retrying clients do not arrive in step."""
+        return self._jitter.uniform(0, min(self.backoff_max_s, self.backoff_s * 2 ** attempt))

@@ -1,0 +1,228 @@
+"""How far a generation run is and how long it will take: live lines while a dataset generates,
+and `python -m stages.monitor --estimate`, which times a short sample before committing GPUs for
+days.
+
+The live line shows samples done, generated tokens/s, completions/min, mean output length,
+failures, and the ETA of the dataset and of the whole run against the budgets in params.yaml;
+servers that expose /metrics (SGLang's --enable-metrics) add running and queued requests and KV
+cache use.
+"""
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import httpx
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import config
+from .cli import StageError, run
+from .engines import Completion, Sampling
+from .raw import parts
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """Work a dataset has left: prompts not generated yet, and tokens left in its budget."""
+
+    dataset: str
+    prompts_left: int
+    tokens_left: int
+
+    def tokens(self, mean_output: float) -> float:
+        """Tokens still to generate, when replies average `mean_output` tokens."""
+        return min(self.tokens_left, self.prompts_left * mean_output)
+
+
+def backlog(dataset: str, budget_tokens: int, prompts_path: Path, raw_dir: Path) -> Backlog:
+    """A dataset's backlog from its prompt file and the raw parts written so far."""
+    prompts = pq.ParquetFile(prompts_path).metadata.num_rows if prompts_path.exists() else 0
+    samples = tokens = 0
+    if files := parts(raw_dir):
+        done = pa.concat_tables(pq.read_table(f, columns=["completion_tokens"]) for f in files)
+        samples, tokens = done.num_rows, pc.sum(done.column("completion_tokens")).as_py() or 0
+    return Backlog(dataset, max(prompts - samples, 0), max(budget_tokens - tokens, 0))
+
+
+def run_backlog(budgets: dict[str, int], prompts_dir: Path, raw_dir: Path) -> list[Backlog]:
+    return [backlog(name, budget, prompts_dir / f"{name}.parquet", raw_dir / name)
+            for name, budget in budgets.items()]
+
+
+def parse_metrics(text: str) -> dict[str, list[float]]:
+    """Prometheus text -> values per metric name (one per label set: rank, dp worker...)."""
+    values: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        try:
+            values.setdefault(name_labels.split("{", 1)[0], []).append(float(value))
+        except ValueError:
+            continue
+    return values
+
+
+class ServerMetrics:
+    """Running and queued requests and KV use summed over servers; a server without /metrics is
+    asked once and then left alone."""
+
+    def __init__(self, urls: Iterable[str], timeout_s: float = 2.0):
+        self.urls, self.timeout_s = list(urls), timeout_s
+
+    def summary(self) -> str | None:
+        running = queued = 0.0
+        usage = []
+        for url in list(self.urls):
+            try:
+                reply = httpx.get(f"{url}/metrics", timeout=self.timeout_s, trust_env=False)
+            except httpx.HTTPError:
+                continue
+            if reply.status_code != 200:
+                self.urls.remove(url)
+                continue
+            m = parse_metrics(reply.text)
+            running += sum(m.get("sglang:num_running_reqs", []))
+            queued += sum(m.get("sglang:num_queue_reqs", []))
+            usage += m.get("sglang:token_usage", [])
+        if not usage:
+            return None
+        return (f"servers: running {running:.0f}  queued {queued:.0f}  "
+                f"kv {100 * sum(usage) / len(usage):.0f}%")
+
+
+class GenerationMonitor:
+    """Live progress of one dataset's generation, printed every `every_s` seconds."""
+
+    def __init__(self, dataset: str, total_samples: int, done_samples: int, budget_tokens: int,
+                 used_tokens: int, others: Iterable[Backlog] = (), metrics_urls: Iterable[str] = (),
+                 every_s: float = 10.0, stream=None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.dataset, self.total, self.done_before = dataset, total_samples, done_samples
+        self.budget, self.used_before = budget_tokens, used_tokens
+        self.others = [b for b in others if b.dataset != dataset]
+        self.server = ServerMetrics(metrics_urls)
+        self.every_s, self.stream, self.clock = every_s, stream, clock
+        self.samples = self.tokens = self.failed = 0
+        self.start = self.last = clock()
+
+    def update(self, done: Completion) -> None:
+        self.samples += 1
+        self.tokens += len(done.output_ids)
+        self.failed += done.finish_reason == "abort"
+        if self.clock() - self.last >= self.every_s:
+            self.print()
+
+    def print(self) -> None:
+        self.last = self.clock()
+        print(self.line(), file=self.stream or sys.stderr, flush=True)
+
+    def line(self) -> str:
+        elapsed = max(self.clock() - self.start, 1e-9)
+        rate = self.tokens / elapsed
+        mean = self.tokens / self.samples if self.samples else 0.0
+        done = self.done_before + self.samples
+        used = self.used_before + self.tokens
+        mine = Backlog(self.dataset, self.total - done, max(self.budget - used, 0))
+        text = (f"[generate {self.dataset}] {done}/{self.total} samples  "
+                f"{used:,}/{self.budget:,} tokens  {rate:,.0f} tok/s  "
+                f"{60 * self.samples / elapsed:,.1f} done/min  mean {mean:,.0f} tok  "
+                f"failed {self.failed}  eta {_eta([mine], mean, rate)}  "
+                f"run eta {_eta([mine, *self.others], mean, rate)}")
+        servers = self.server.summary()
+        return f"{text}  {servers}" if servers else text
+
+
+def _eta(backlogs: list[Backlog], mean_output: float, rate: float) -> str:
+    """Time to generate what the backlogs hold at `rate` tokens/s; "?" before any rate."""
+    if all(b.prompts_left <= 0 or b.tokens_left <= 0 for b in backlogs):
+        return "0:00:00"
+    if rate <= 0:
+        return "?"
+    seconds = int(sum(b.tokens(mean_output) for b in backlogs) / rate)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+@dataclass(frozen=True)
+class Projection:
+    dataset: str
+    samples: int  # generated in the estimate
+    failed: int
+    mean_output_tokens: float
+    tokens_left: float  # projected: min(budget left, prompts left * mean output)
+    hours: float
+
+
+def project_hours(engine, sampling: Sampling, samples: dict[str, list[tuple[str, list[int]]]],
+             backlogs: dict[str, Backlog], clock: Callable[[], float] = time.monotonic
+             ) -> tuple[float, list[Projection]]:
+    """Generate a sample of every dataset, mixed as one stream so the servers are loaded as in
+    a run; return generated tokens/s and each dataset's projected hours at that rate.
+
+    A sample smaller than the engine's concurrency leaves servers idle and underestimates the
+    rate; the live monitor refines the ETA once the run is going."""
+    dataset_of = {sid: name for name, rows in samples.items() for sid, _ in rows}
+    mixed = [r for group in itertools.zip_longest(*samples.values()) for r in group if r]
+    lengths: dict[str, list[int]] = {name: [] for name in samples}
+    failed = dict.fromkeys(samples, 0)
+    start = clock()
+    for done in engine.generate(mixed, sampling):
+        name = dataset_of[done.sample_id]
+        lengths[name].append(len(done.output_ids))
+        failed[name] += done.finish_reason == "abort"
+    rate = sum(map(sum, lengths.values())) / max(clock() - start, 1e-9)
+    projections = []
+    for name, got in lengths.items():
+        mean = sum(got) / len(got) if got else 0.0
+        tokens = backlogs[name].tokens(mean)
+        projections.append(Projection(name, len(got), failed[name], round(mean, 1),
+                                      round(tokens), tokens / rate / 3600 if rate else 0.0))
+    return rate, projections
+
+
+def main(estimate: bool = False, samples: int = 32, params: Path = config.PARAMS_FILE,
+         prompts_dir: Path = Path("data/prompts"), raw_dir: Path = Path("data/raw")) -> None:
+    """Time `samples` prompts per dataset with the configured engine and project hours per
+    dataset (--estimate); the live monitor itself runs inside `python -m stages.generate`."""
+    if not estimate:
+        raise StageError("pass --estimate to time a short sample and project hours per dataset; "
+                         "the live monitor prints from inside `python -m stages.generate`")
+    from .generate import make_engine, sampling_for
+    from .target import load_tokenizer, token_roles
+
+    gen = config.section(config.GenerateParams, "generate", params)
+    target = config.section(config.TargetParams, "target", params)
+    budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}
+    picked = {}
+    for name in budgets:
+        path = prompts_dir / f"{name}.parquet"
+        if not path.exists():
+            raise StageError(f"{path}: no prompts yet; run `dvc repro prep@{name}` first")
+        table = pq.read_table(path, columns=["sample_id", "prompt_ids"])
+        step = max(table.num_rows // samples, 1)
+        rows = table.take(list(range(0, table.num_rows, step))[:samples]).to_pylist()
+        picked[name] = [(r["sample_id"], r["prompt_ids"]) for r in rows]
+    tokenizer = load_tokenizer(target)
+    engine = make_engine(gen, target, tokenizer)
+    rate, projections = project_hours(engine, sampling_for(gen, token_roles(target, tokenizer)),
+                                 picked, {b.dataset: b for b in run_backlog(budgets, prompts_dir,
+                                                                            raw_dir)})
+    print(f"[estimate] {engine.name}: {rate:,.0f} generated tokens/s over "
+          f"{sum(p.samples for p in projections)} samples")
+    print(f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean out':>10}{'tokens left':>14}"
+          f"{'hours':>9}")
+    for p in projections:
+        print(f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_output_tokens:>10,.0f}"
+              f"{p.tokens_left:>14,.0f}{p.hours:>9.2f}")
+    print(f"{'run':<24}{'':>8}{'':>8}{'':>10}{sum(p.tokens_left for p in projections):>14,.0f}"
+          f"{sum(p.hours for p in projections):>9.2f}")
+
+
+if __name__ == "__main__":
+    run(main)
