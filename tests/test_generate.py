@@ -1,0 +1,97 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stages import config
+from stages.engines import Sampling
+from stages.engines.hf import HFEngine, load_causal_lm
+from stages.generate import generate_dataset
+from stages.raw import parts, read_raw
+from tests.conftest import STORIES
+
+TARGET = config.TargetParams(path=str(STORIES),
+                             chat_template="tests/fixtures/stories_chat_template.jinja")
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return HFEngine(load_causal_lm(str(STORIES)), pad_id=0, batch_size=2)
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    rows = [dict(sample_id=f"d/{i}", dataset="d", messages=json.dumps([{"role": "user",
+                 "content": f"story {i}"}]), tools=None, prompt_ids=[1, 300 + i, 400 + i],
+                 prompt_len=3, reasoning_open=False) for i in range(8)]
+    path = tmp_path / "prompts.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+class Crashing:
+    """An engine that dies after `after` completions, like a killed process."""
+
+    name = "hf"
+
+    def __init__(self, inner, after):
+        self.inner, self.after = inner, after
+
+    def generate(self, requests, sampling: Sampling):
+        for n, done in enumerate(self.inner.generate(requests, sampling)):
+            if n == self.after:
+                raise KeyboardInterrupt("killed")
+            yield done
+
+
+def gen_params(**kw):
+    return config.GenerateParams(max_new_tokens=12, append_every=2, batch_size=2, **kw)
+
+
+def outputs(directory):
+    return {r["sample_id"]: r["output_ids"] for r in read_raw(directory).to_pylist()}
+
+
+def test_crash_then_resume_loses_and_duplicates_nothing(tmp_path, prompts, engine):
+    ref = generate_dataset("d", prompts, tmp_path / "ref", gen_params(), 10**6, TARGET, engine)
+    assert ref["samples"] == 8 and ref["new_samples"] == 8
+    out = tmp_path / "raw"
+    with pytest.raises(KeyboardInterrupt):
+        generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, Crashing(engine, 5))
+    assert len(read_raw(out)) == 4  # two appends of 2 landed; the fifth was in flight
+    resumed = generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
+    assert resumed["new_samples"] == 4 and resumed["samples"] == 8
+    assert outputs(out) == outputs(tmp_path / "ref")  # greedy: the same tokens
+    table = read_raw(out)
+    assert len(set(table.column("sample_id").to_pylist())) == table.num_rows == 8
+    assert len(parts(out)) == 1  # compacted
+
+
+def test_budget_stops_scheduling_and_resumes_when_raised(tmp_path, prompts, engine):
+    out = tmp_path / "raw"
+    first = generate_dataset("d", prompts, out, gen_params(), 30, TARGET, engine)
+    assert first["budget_reached"] and first["samples"] == 4  # 2 batches of 2 x 12 tokens
+    assert first["budget_overshoot_tokens"] == 48 - 30
+    second = generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
+    assert second["new_samples"] == 4 and second["samples"] == 8
+
+
+def test_changed_sampling_regenerates(tmp_path, prompts, engine):
+    out = tmp_path / "raw"
+    generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
+    again = generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
+    assert again["new_samples"] == 0
+    hot = generate_dataset("d", prompts, out, gen_params(temperature=0.8), 10**6, TARGET, engine)
+    assert hot["new_samples"] == 8
+    assert set(read_raw(out).column("fingerprint").to_pylist()) == {hot["fingerprint"]}
+
+
+def test_rows_carry_the_contract(tmp_path, prompts, engine):
+    out = tmp_path / "raw"
+    generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
+    row = read_raw(out).to_pylist()[0]
+    assert row["completion_tokens"] == len(row["output_ids"]) == 12
+    assert row["finish_reason"] == "length" and row["engine"] == "hf"
+    assert row["reasoning_tokens"] is None and row["answer_tokens"] == 12
+    assert row["prompt_ids"] == [1, 300, 400]

@@ -1,0 +1,111 @@
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from transformers import AutoTokenizer
+
+from stages import prep
+from tests.conftest import STORIES
+from tests.stage_runner import run_stage
+
+TEMPLATE = "tests/fixtures/stories_chat_template.jinja"
+
+
+def conversation(i: int, text: str | None = None) -> dict:
+    return {"id": f"c{i}", "conversations": [
+        {"from": "human", "value": text if text is not None else f"Tell a story about cat {i}"},
+        {"from": "gpt", "value": "Once upon a time."}]}
+
+
+def project(tmp_path, rows: list, *, fmt: str = "sharegpt", prep_extra: dict | None = None,
+            params_extra: dict | None = None, jsonl: bool = False):
+    src = tmp_path / ("data.jsonl" if jsonl else "data.json")
+    src.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows)
+                   if jsonl else json.dumps(rows))
+    params = {"target": {"path": str(STORIES), "chat_template": TEMPLATE},
+              "datasets": {"chat": {"prep": {"format": fmt, "path": str(src), "max_samples": 100,
+                                             "max_prompt_tokens": 40, **(prep_extra or {})}}}}
+    params.update(params_extra or {})
+    p = tmp_path / "params.yaml"
+    p.write_text(yaml.safe_dump(params))
+    return p
+
+
+def run_prep(tmp_path, params, monkeypatch, capsys):
+    return run_stage(prep.main, ["chat", "--params", params, "--out-dir", tmp_path / "prompts",
+                                 "--report-dir", tmp_path / "reports"], monkeypatch, capsys)
+
+
+def test_prompts_are_the_chat_template_ids(tmp_path, monkeypatch, capsys):
+    rows = [conversation(i) for i in range(12)]
+    rows.append(conversation(99, "Tell a  story about CAT 3"))  # same normalised prompt as c3
+    rows.append(conversation(98, "a very long request " * 30))  # over max_prompt_tokens
+    code, out, err = run_prep(tmp_path, project(tmp_path, rows), monkeypatch, capsys)
+    assert code == 0, err
+    table = pq.read_table(tmp_path / "prompts" / "chat.parquet").to_pylist()
+    report = json.loads((tmp_path / "reports" / "chat.json").read_text())
+    assert (report["rows"], report["duplicate"], report["too_long"], report["kept"]) == (14, 1, 1, 12)
+    tok = AutoTokenizer.from_pretrained(STORIES)
+    tok.chat_template = open(TEMPLATE).read()
+    row = next(r for r in table if r["sample_id"] == "chat/c5")
+    messages = json.loads(row["messages"])
+    assert messages == [{"role": "user", "content": "Tell a story about cat 5"}]  # reply dropped
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                       return_dict=False)
+    assert row["prompt_ids"] == expected and row["prompt_len"] == len(expected)
+    assert row["dataset"] == "chat" and row["tools"] is None and row["reasoning_open"] is False
+
+
+def test_max_samples_is_a_seeded_sample(tmp_path, monkeypatch, capsys):
+    rows = [conversation(i) for i in range(30)]
+    picks = []
+    for seed in (0, 0, 1):
+        params = project(tmp_path, rows, prep_extra={"max_samples": 10, "seed": seed})
+        assert run_prep(tmp_path, params, monkeypatch, capsys)[0] == 0
+        picks.append(pq.read_table(tmp_path / "prompts" / "chat.parquet")
+                     .column("sample_id").to_pylist())
+    assert len(picks[0]) == 10 and picks[0] == picks[1] and picks[0] != picks[2]
+    assert picks[0] != [f"chat/c{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("rows, fmt, needle", [
+    (['{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}', '{"id": "b", '],
+     "sharegpt", "data.jsonl, line 2"),
+    (['{"id": "a"}'], "sharegpt", "data.jsonl, line 1"),
+    (['{"id": "a", "conversations": []}'], "sharegpt", "data.jsonl, line 1"),
+    (['{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}'], "alpaca",
+     "unknown format"),
+])
+def test_bad_rows_fail_naming_file_and_row(tmp_path, monkeypatch, capsys, rows, fmt, needle):
+    code, _, err = run_prep(tmp_path, project(tmp_path, rows, fmt=fmt, jsonl=True),
+                            monkeypatch, capsys)
+    assert code == 1 and needle in err, err
+    assert not any((tmp_path / "prompts").glob("*"))  # nothing, not even a temp file, left
+
+
+def test_skip_bad_rows_counts_them(tmp_path, monkeypatch, capsys):
+    rows = [json.dumps(conversation(1)), "{broken", json.dumps({"id": "x"}),
+            json.dumps(conversation(2))]
+    params = project(tmp_path, rows, jsonl=True, prep_extra={"skip_bad_rows": True})
+    code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
+    assert code == 0, err
+    report = json.loads((tmp_path / "reports" / "chat.json").read_text())
+    assert report["malformed"] == 2 and report["kept"] == 2
+    assert "line 2" in report["malformed_examples"][0]
+
+
+@pytest.mark.parametrize("edit, needle", [
+    ({"max_sample": 3}, "datasets.chat.prep: unknown key(s) ['max_sample']"),
+    ({"max_samples": "ten"}, "datasets.chat.prep.max_samples: expected int"),
+])
+def test_bad_params_fail_naming_the_key(tmp_path, monkeypatch, capsys, edit, needle):
+    params = project(tmp_path, [conversation(1)], prep_extra=edit)
+    code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
+    assert code == 1 and needle in err, err
+
+
+def test_all_prompts_too_long_is_an_error(tmp_path, monkeypatch, capsys):
+    params = project(tmp_path, [conversation(1, "word " * 100)])
+    code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
+    assert code == 1 and "no usable prompt" in err and "too_long" in err, err
