@@ -1,0 +1,131 @@
+"""Extraction (hooks equal HF hidden states, shard resume) and the training loop (exact resume,
+best checkpoint by simulated acceptance), on the real stories260K target."""
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig
+
+from stages import config
+from stages.drafter.hidden import HiddenStates
+from stages.drafter.model import Eagle3Config, Eagle3Drafter
+from stages.drafter.training import LoopSettings, Objective, train
+from stages.drafter.vocab import build_draft_vocab
+from stages.engines.hf import load_causal_lm
+from stages.engines.weights import embedding_and_head
+from stages.extract import extract
+from tests.conftest import STORIES
+
+TARGET = config.TargetParams(path=str(STORIES))
+LAYERS = [1, 2, 3]
+
+
+def merged(tmp_path, n_train=10, n_eval=3):
+    g = torch.Generator().manual_seed(0)
+    out = tmp_path / "merged"
+    out.mkdir()
+    for split, n in (("train", n_train), ("eval", n_eval)):
+        rows = []
+        for i in range(n):
+            length = 20 + 3 * i
+            ids = [1] + torch.randint(3, 512, (length - 1,), generator=g).tolist()
+            rows.append(dict(sample_id=f"{split}/{i}", dataset="d", input_ids=ids, loss_start=6,
+                             length=length, truncated=False, split=split))
+        pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
+    return out
+
+
+@pytest.fixture(scope="module")
+def hidden(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("x")
+    m = merged(tmp)
+    params = config.ExtractParams(layers=LAYERS, shard_tokens=120, batch_tokens=200,
+                                  dtype="float32")
+    extract(m, tmp / "hidden", params, TARGET)
+    return m, tmp / "hidden", params
+
+
+def test_features_equal_hf_hidden_states(hidden):
+    m, h, _ = hidden
+    model = load_causal_lm(str(STORIES))
+    index = pq.read_table(h / "index.parquet").to_pylist()
+    assert len({r["shard"] for r in index}) > 2
+    data = HiddenStates(h, "eval")
+    row = pq.read_table(m / "eval.parquet").to_pylist()[2]
+    sample = data[2]
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([row["input_ids"]]), output_hidden_states=True)
+    expect_aux = torch.cat([ref.hidden_states[i][0] for i in LAYERS], dim=-1)
+    torch.testing.assert_close(sample["aux"], expect_aux, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(sample["last"], ref.hidden_states[-1][0], atol=1e-4, rtol=1e-4)
+    assert sample["input_ids"].tolist() == row["input_ids"]
+    assert sample["loss_mask"].tolist() == [0] * 6 + [1] * (row["length"] - 6)
+
+
+def test_extract_resumes_shard_by_shard(hidden, tmp_path):
+    m, h, params = hidden
+    shards = sorted(h.glob("shard-*.safetensors"))
+    stamps = {p: p.stat().st_mtime_ns for p in shards}
+    shards[1].unlink()
+    extract(m, h, params, TARGET)
+    assert shards[1].exists()
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in shards if p != shards[1])
+    with safe_open(str(shards[1]), "pt") as f:
+        assert f.get_tensor("aux").shape[-1] == 3 * 64
+
+
+def objective(h):
+    target_cfg = AutoConfig.from_pretrained(STORIES)
+    counts = torch.bincount(torch.randint(0, 512, (4000,), generator=torch.Generator()
+                                          .manual_seed(1)), minlength=512)
+    d2t, t2d, _ = build_draft_vocab(counts, 256)
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(Eagle3Config.from_target(target_cfg, 256, LAYERS))
+    drafter.set_vocab(d2t, t2d)
+    embed, head = embedding_and_head(STORIES)
+    return Objective(drafter, embed, head, ttt_steps=3, decay=0.8)
+
+
+def settings(total):
+    return LoopSettings(ttt_steps=3, decay=0.8, total_steps=total, batch_size=4, lr=1e-2,
+                        min_lr_ratio=0.1, warmup_steps=2, weight_decay=0.0, grad_clip=0.5,
+                        eval_every=2, eval_num_steps=3, eval_max_samples=8, checkpoint_every=3,
+                        seed=0)
+
+
+class KilledAfter:
+    """A train set whose process dies when step `steps + 1` fetches its first sample."""
+
+    def __init__(self, data, steps, batch_size):
+        self.data, self.left = data, steps * batch_size
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        if self.left == 0:
+            raise KeyboardInterrupt("killed")
+        self.left -= 1
+        return self.data[i]
+
+
+def test_training_resumes_exactly(hidden, tmp_path):
+    _, h, _ = hidden
+    train_set, eval_set = HiddenStates(h, "train"), HiddenStates(h, "eval")
+    cpu = torch.device("cpu")
+    straight = objective(h)
+    history = train(straight, train_set, eval_set, settings(6), tmp_path / "a", cpu,
+                    log=lambda _: None)
+    assert [e["step"] for e in history.evals] == [2, 4, 6]
+    with pytest.raises(KeyboardInterrupt):  # killed in step 4, after the step-3 checkpoint
+        train(objective(h), KilledAfter(train_set, 3, 4), eval_set, settings(6), tmp_path / "b",
+              cpu, log=lambda _: None)
+    assert torch.load(tmp_path / "b" / "last.pt", weights_only=True)["state"]["step"] == 3
+    resumed = objective(h)
+    train(resumed, train_set, eval_set, settings(6), tmp_path / "b", cpu, log=lambda _: None)
+    for (name, a), (_, b) in zip(straight.drafter.state_dict().items(),
+                                 resumed.drafter.state_dict().items()):
+        torch.testing.assert_close(a, b, msg=name)
+    best = torch.load(tmp_path / "a" / "best.pt", weights_only=True)
+    assert best["tau"] == pytest.approx(max(e["simulated_tau"] for e in history.evals), abs=1e-4)
