@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -20,11 +19,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from . import config
+from . import config, distributed
 from .cli import StageError, run
 from .drafter.layers import default_aux_indices, serving_layer_ids
 from .engines.features import FeatureExtractor
-from .engines.hf import load_causal_lm
+from .engines.hf import load_causal_lm, resolve_device
 from .io import Progress, atomic_path, write_json, write_parquet
 from .target import model_fingerprint
 
@@ -186,22 +185,13 @@ def main(params: Path = config.PARAMS_FILE, merged_dir: Path = Path("data/merged
     """Extract target hidden states (run under torchrun for several GPUs)."""
     ext = config.section(config.ExtractParams, "extract", params)
     target = config.section(config.TargetParams, "target", params)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if world > 1:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend)
-        if torch.cuda.is_available() and target.device == "auto":
-            local = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local)
-            target = config.TargetParams(**{**target.__dict__, "device": f"cuda:{local}"})
-    metrics = extract(merged_dir, out_dir, ext, target, rank, world)
-    if rank == 0:
+    rank, device = distributed.start(resolve_device(target.device))
+    target = config.TargetParams(**{**target.__dict__, "device": str(device)})
+    metrics = extract(merged_dir, out_dir, ext, target, rank.rank, rank.world)
+    if rank.main:
         write_json(metrics, report)
         print(f"[extract] {metrics}")
-    if world > 1:
-        torch.distributed.destroy_process_group()
-
+    distributed.stop(rank)
 
 if __name__ == "__main__":
     run(main)

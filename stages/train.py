@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 
@@ -21,12 +20,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from . import config
+from . import config, distributed
 from .cli import StageError, run
 from .drafter.export import check_export, export_drafter
 from .drafter.hidden import HiddenStates
 from .drafter.model import Eagle3Config, Eagle3Drafter
-from .drafter.training import LoopSettings, Objective, Rank, train
+from .drafter.training import LoopSettings, Objective, train
 from .engines.hf import resolve_device
 from .engines.weights import embedding_and_head
 from .io import write_json, write_text
@@ -77,13 +76,7 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
     """Train the drafter (torchrun for several GPUs) and export the best checkpoint."""
     p = config.section(config.TrainParams, "train", params)
     target = config.section(config.TargetParams, "target", params)
-    rank = Rank(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
-    device = resolve_device(p.device)
-    if rank.world > 1:
-        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
-        if device.type == "cuda":
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-            torch.cuda.set_device(device)
+    rank, device = distributed.start(resolve_device(p.device))
     torch.manual_seed(p.seed)
     meta = json.loads((hidden_dir / "meta.json").read_text())
     target_config = AutoConfig.from_pretrained(target.path, local_files_only=True,
@@ -101,8 +94,10 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
                                          .hexdigest()[:16]})
     if rank.world > 1:
         torch.distributed.barrier()
-    print(f"[train] {len(train_set)} train / {len(eval_set)} eval samples, {s.total_steps} steps, "
-          f"draft {sum(x.numel() for x in drafter.parameters()):,} parameters on {device}")
+    if rank.main:
+        print(f"[train] {len(train_set)} train / {len(eval_set)} eval samples, "
+              f"{s.total_steps} steps, draft {sum(x.numel() for x in drafter.parameters()):,} "
+              f"parameters on {device} x {rank.world}")
     objective = Objective(drafter, embed.float(), head.float(), p.ttt_steps, p.decay)
     history = train(objective, train_set, eval_set, s, checkpoint_dir, device, rank)
     if rank.main:
@@ -127,8 +122,7 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
                                  for k in range(p.ttt_steps)]),
                        report_dir / "plots" / "train_acceptance.csv")
         print(f"[train] {metrics}")
-    if rank.world > 1:
-        torch.distributed.destroy_process_group()
+    distributed.stop(rank)
 
 
 if __name__ == "__main__":

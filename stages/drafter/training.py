@@ -91,30 +91,55 @@ def batch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 
 def evaluate(objective: Objective, data: HiddenStates, s: LoopSettings,
-             device: torch.device, autocast) -> TTTMetrics | None:
-    total = None
+             device: torch.device, autocast, rank: Rank = Rank()) -> TTTMetrics | None:
+    """Metrics over the first eval_max_samples samples; each rank scores every world-th batch."""
     n = min(len(data), s.eval_max_samples)
+    if not n:
+        return None
+    total = TTTMetrics(*torch.zeros(6, s.ttt_steps, dtype=torch.float64))
     objective.eval()
     with torch.no_grad():
-        for start in range(0, n, s.batch_size):
+        for start in range(rank.rank * s.batch_size, n, s.batch_size * rank.world):
             batch = _to(collate([data[i] for i in range(start, min(start + s.batch_size, n))]),
                         device)
             with autocast():
                 _, metrics = objective(batch)
-            total = metrics if total is None else total + metrics
+            total = total + metrics
     objective.train()
-    return total
+    return summed(total, rank, device)
+
+
+def summed(metrics: TTTMetrics, rank: Rank, device: torch.device) -> TTTMetrics:
+    """Counts added up over the ranks: rates of the whole global batch, exact (they are sums)."""
+    if rank.world == 1:
+        return metrics
+    fields = list(TTTMetrics.__dataclass_fields__)
+    counts = torch.stack([getattr(metrics, f) for f in fields]).to(device)
+    torch.distributed.all_reduce(counts)
+    return TTTMetrics(*counts.cpu())
+
+
+def mean_loss(loss: torch.Tensor, rank: Rank) -> float:
+    """The step's loss averaged over the ranks: the objective DDP's averaged gradient descends."""
+    loss = loss.detach().clone()
+    if rank.world > 1:
+        torch.distributed.all_reduce(loss)
+    return loss.item() / rank.world
 
 
 def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
           s: LoopSettings, checkpoint_dir: Path, device: torch.device, rank: Rank = Rank(),
           log: Callable[[str], None] = print) -> History:
+    log = log if rank.main else (lambda _: None)  # the other ranks' figures are the same
     objective.to(device)
     drafter = objective.drafter
     model: nn.Module = objective
     if rank.world > 1:
+        # The buffers (the target's embedding and head) are the same file on every rank:
+        # broadcasting them before every forward would move gigabytes for nothing.
         model = nn.parallel.DistributedDataParallel(
-            objective, device_ids=[device.index] if device.type == "cuda" else None)
+            objective, device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -148,13 +173,14 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
         with autocast():
             loss, metrics = model(batch)
         loss.backward()
+        metrics = summed(metrics, rank, device)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
         state["step"] += 1
         tokens += int(batch["attention_mask"].sum()) * rank.world
-        row = {"step": state["step"], "loss": round(loss.item(), 5),
+        row = {"step": state["step"], "loss": round(mean_loss(loss, rank), 5),
                "lr": sched.get_last_lr()[0], "grad_norm": round(float(grad_norm), 4),
                **{f"acc_{k}": round(a, 4) for k, a in enumerate(metrics.accuracy)}}
         history.steps.append(row)
@@ -165,7 +191,7 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
             log(f"[train] step {state['step']}/{s.total_steps} loss {row['loss']:.4f} "
                 f"acc0 {row['acc_0']:.3f} lr {row['lr']:.2e} {rate:,.0f} tok/s eta {eta:,.0f}s")
         if state["step"] % s.eval_every == 0 or state["step"] == s.total_steps:
-            ev = evaluate(objective, eval_set, s, device, autocast)
+            ev = evaluate(objective, eval_set, s, device, autocast, rank)
             if ev is not None:
                 tau = simulated_tau(ev, s.eval_num_steps)
                 history.evals.append({"step": state["step"], "simulated_tau": round(tau, 4),
@@ -173,10 +199,11 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
                                          for k, v in ev.as_dict().items()}})
                 log(f"[train] eval step {state['step']}: simulated tau {tau:.3f} "
                     f"(chain of {s.eval_num_steps})")
-                if tau > state["best_tau"] and rank.main:
+                if tau > state["best_tau"]:
                     state["best_tau"] = tau
-                    _save(checkpoint_dir / "best.pt", {"model": drafter.state_dict(),
-                                                        "step": state["step"], "tau": tau})
+                    if rank.main:
+                        _save(checkpoint_dir / "best.pt", {"model": drafter.state_dict(),
+                                                            "step": state["step"], "tau": tau})
         if rank.main and (state["step"] % s.checkpoint_every == 0
                           or state["step"] == s.total_steps):
             _save(last, {"model": drafter.state_dict(), "optimizer": opt.state_dict(),
