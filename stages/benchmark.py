@@ -4,13 +4,21 @@ models/drafter, which proves the export), against plain decoding of the same tar
 Reads params `benchmark` and `target`. Held-out prompts: the eval split's prompts (already in the
 serving chat template) per dataset, plus any prompt files under benchmark.datasets (MT-bench,
 GSM8K, HumanEval...). Chain drafting, topk 1, at each temperature. Writes reports/benchmark.json
-(tau, per-position acceptance conditional and unconditional, per dataset, wall-clock speedup of
-this in-process loop) and reports/plots/benchmark_acceptance.csv.
+(tau, per-position acceptance conditional and unconditional, per dataset) and
+reports/plots/benchmark_acceptance.csv.
+
+Mode `hf` decodes in-process (wall-clock speedup of this loop). Mode `sglang` sends the same
+prompt ids to the target served by SGLang with the drafter and without (attached, or launched from
+params one after the other): tau from meta_info.spec_verify_ct, output tokens/s of both servers
+at the same concurrency, the speedup, both launch commands and the server's version.
 """
 from __future__ import annotations
 
+import contextlib
+import shlex
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pyarrow.parquet as pq
 import torch
@@ -19,10 +27,15 @@ from . import config
 from .cli import StageError, run
 from .drafter.export import load_drafter
 from .drafter.speculate import acceptance_stats, choose, speculative_generate
+from .engines import Sampling
 from .engines.hf import load_causal_lm
+from .engines.sglang import SGLangEngine
+from .engines.sglang_bench import (ServerRun, check_plain_server, check_speculative_server,
+                                   compare, measure, server_facts, speculative_args)
+from .engines.sglang_server import is_healthy, launch_command
 from .io import write_json, write_text
 from .sources import prompt_messages, read_conversations
-from .target import load_tokenizer, render_prompt, token_roles
+from .target import load_tokenizer, render_prompt, server_command, start_launched, token_roles
 from .train import csv_text
 
 
@@ -105,11 +118,101 @@ def benchmark(target, drafter, prompts: dict[str, list[list[int]]], b: config.Be
 
 def sglang_command(target_path: str, drafter_dir: Path, b: config.BenchmarkParams) -> str:
     """The SGLang launch this drafter is meant for (run on GPUs; EAGLE3, not EAGLE)."""
-    return (f"python -m sglang.launch_server --model-path {target_path} "
-            f"--speculative-algorithm EAGLE3 --speculative-draft-model-path {drafter_dir} "
-            f"--speculative-num-steps {b.num_steps} --speculative-eagle-topk 1 "
-            f"--speculative-num-draft-tokens {b.num_steps + 1}")
+    return shlex.join(launch_command(target_path, {}, speculative_args(drafter_dir, b.num_steps),
+                                     python="python"))
 
+
+def in_process_benchmark(prompts: dict[str, list[list[int]]], b: config.BenchmarkParams,
+                         stop_ids: list[int], target: config.TargetParams,
+                         drafter_dir: Path) -> dict:
+    """The target and the exported drafter loaded here, decoding one prompt at a time."""
+    model = load_causal_lm(target.path, target.device, "float32" if target.dtype == "auto"
+                           and not torch.cuda.is_available() else target.dtype,
+                           target.trust_remote_code)
+    drafter, _ = load_drafter(drafter_dir)
+    drafter = drafter.to(next(model.parameters()).device).eval()
+    report = benchmark(model, drafter, prompts, b, stop_ids)
+    report["sglang_launch"] = sglang_command(target.path, drafter_dir, b)
+    return report
+
+
+TAU_CONVENTION = ("tau = completion_tokens / spec_verify_ct as SGLang counts it: the first token, "
+                  "produced by the prefill before any draft, is included; tau_excluding_prefill "
+                  "leaves it out, as the hf mode's tau does")
+
+
+def launch_commands(launch: config.SGLangLaunchParams, target: config.TargetParams,
+                    drafter_dir: Path, num_steps: int) -> dict[str, list[str]]:
+    """The two servers: the same target and flags, the speculative one with the drafter."""
+    if any(arg.startswith("--speculative") for arg in launch.extra_args):
+        raise StageError("benchmark.sglang.launch.extra_args: drop the --speculative-* flags; the "
+                         "benchmark adds them to the speculative server only")
+    base = server_command(launch, target)
+    return {"spec": base + speculative_args(drafter_dir, num_steps), "base": base}
+
+
+@contextlib.contextmanager
+def serving(launch: config.SGLangLaunchParams | None, command: list[str],
+            url: str | None) -> Iterator[str]:
+    """The url of a running server: the one given, or one started now and stopped after."""
+    if launch is None:
+        yield url.rstrip("/")
+        return
+    server = start_launched(launch, command)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def served_benchmark(prompts: dict[str, list[list[int]]], b: config.BenchmarkParams,
+                     stop_ids: list[int], target: config.TargetParams, drafter_dir: Path) -> dict:
+    """Every prompt set at every temperature on the speculative server, then on the base one
+    (never both at once, so a launched pair does not share the GPUs)."""
+    s = b.sglang
+    if s.launch is None and not (s.spec_url and s.base_url):
+        raise StageError("benchmark.sglang: mode sglang needs spec_url and base_url (the target "
+                         "served with the drafter and without) or launch (start both from params)")
+    if s.launch is not None and (s.spec_url or s.base_url):
+        raise StageError("benchmark.sglang: give either launch or spec_url and base_url, not both")
+    for role, url in (("spec", s.spec_url), ("base", s.base_url)):
+        if s.launch is None and not is_healthy(url.rstrip("/")):
+            raise StageError(f"benchmark.sglang.{role}_url: {url}/health does not answer 200; "
+                             f"start that server, or let benchmark.sglang.launch start it")
+    commands = launch_commands(s.launch or config.SGLangLaunchParams(), target, drafter_dir,
+                               b.num_steps)
+    requests = {name: [(f"{name}/{i}", ids) for i, ids in enumerate(group)]
+                for name, group in prompts.items() if group}
+    samplings = {t: Sampling(max_new_tokens=b.max_new_tokens, temperature=t, top_p=1.0, top_k=-1,
+                             seed=b.seed, stop_ids=tuple(stop_ids)) for t in b.temperatures}
+    runs: dict[str, dict[tuple[float, str], ServerRun]] = {}
+    servers: dict[str, dict] = {}
+    for role, url in (("spec", s.spec_url), ("base", s.base_url)):
+        with serving(s.launch, commands[role], url) as url:
+            facts = server_facts(url)
+            if role == "spec":
+                check_speculative_server(facts, url, b.num_steps)
+            else:
+                check_plain_server(facts, url)
+            engine = SGLangEngine([url], s.concurrency, s.timeout_s, max_retries=s.max_retries)
+            runs[role] = {(t, name): measure(engine, group, sampling)
+                          for t, sampling in samplings.items() for name, group in requests.items()}
+            servers[role] = {"url": url, "launched": s.launch is not None,
+                             "command": shlex.join(commands[role]), **facts,
+                             "retries": engine.retries}
+    temperatures = {}
+    for t in samplings:
+        spec, base = (ServerRun.pooled([runs[role][t, name] for name in requests])
+                      for role in ("spec", "base"))
+        temperatures[str(t)] = {
+            **compare(spec, base, b.num_steps),
+            "datasets": {name: compare(runs["spec"][t, name], runs["base"][t, name], b.num_steps)
+                         for name in requests}}
+    greedy = temperatures.get("0.0")
+    return {"num_steps": b.num_steps, "topk": 1, "mode": "chain", "engine": "sglang",
+            "engine_version": servers["spec"].get("version"), "concurrency": s.concurrency,
+            "tau_convention": TAU_CONVENTION, "servers": servers, "temperatures": temperatures,
+            "tau_greedy": greedy and greedy["tau"]}
 
 def main(params: Path = config.PARAMS_FILE, eval_file: Path = Path("data/merged/eval.parquet"),
          drafter_dir: Path = Path("models/drafter"), report_dir: Path = Path("reports")) -> None:
@@ -124,22 +227,21 @@ def main(params: Path = config.PARAMS_FILE, eval_file: Path = Path("data/merged/
     if not any(prompts.values()):
         raise StageError(f"{eval_file}: no held-out prompts; raise merge.eval_fraction or add "
                          f"benchmark.datasets")
-    model = load_causal_lm(target.path, target.device, "float32" if target.dtype == "auto"
-                           and not torch.cuda.is_available() else target.dtype,
-                           target.trust_remote_code)
-    drafter, _ = load_drafter(drafter_dir)
-    drafter = drafter.to(next(model.parameters()).device).eval()
-    report = benchmark(model, drafter, prompts, b, stop_ids)
-    report["sglang_launch"] = sglang_command(target.path, drafter_dir, b)
+    if b.mode == "sglang":
+        report = served_benchmark(prompts, b, stop_ids, target, drafter_dir)
+    else:
+        report = in_process_benchmark(prompts, b, stop_ids, target, drafter_dir)
     write_json(report, report_dir / "benchmark.json")
     write_text(csv_text([{"temperature": t, "dataset": d, "position": j + 1,
                           "conditional": v["conditional"][j], "unconditional": v["unconditional"][j]}
                          for t, tv in report["temperatures"].items()
-                         for d, v in tv["datasets"].items() for j in range(b.num_steps)]),
+                         for d, v in tv["datasets"].items() if v["conditional"]
+                         for j in range(b.num_steps)]),
                report_dir / "plots" / "benchmark_acceptance.csv")
-    print(f"[benchmark] tau at T=0: {report['tau_greedy']}  "
-          + "  ".join(f"{d}: {v['tau']}" for d, v in
-                      report["temperatures"].get("0.0", {"datasets": {}})["datasets"].items()))
+    greedy = report["temperatures"].get("0.0", {"datasets": {}})
+    print(f"[benchmark] {report['engine']}: tau at T=0: {report['tau_greedy']}  "
+          + "  ".join(f"{d}: {v['tau']}" for d, v in greedy["datasets"].items())
+          + (f"  speedup {greedy['speedup']}" if "speedup" in greedy else ""))
 
 
 if __name__ == "__main__":

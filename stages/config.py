@@ -181,13 +181,31 @@ class BenchmarkSource:
 
 
 @dataclass(frozen=True)
+class BenchmarkSGLangParams:
+    """The drafter on SGLang: the target served with the drafter and without, measured alike.
+
+    Either attach to two running servers (`spec_url`, `base_url`) or `launch` them from params,
+    one after the other on the same host and port, so they never share the GPUs.
+    """
+
+    spec_url: str | None = None  # the target served with --speculative-algorithm EAGLE3 ...
+    base_url: str | None = None  # the same target served without speculation
+    launch: SGLangLaunchParams | None = None  # instead of the urls: start each server in turn
+    concurrency: int = 16  # requests in flight per server while measuring
+    timeout_s: float = 3600.0  # longest wait for one reply
+    max_retries: int = 2  # per request; retries are reported, since they cost throughput
+
+
+@dataclass(frozen=True)
 class BenchmarkParams:
+    mode: Literal["hf", "sglang"] = "hf"  # in-process transformers | SGLang servers
     num_steps: int = 3  # chain drafting depth (topk 1): num_steps + 1 tokens verified at most
     temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
     max_new_tokens: int = 256
     max_prompts: int = 8  # per dataset
     seed: int = 0
     datasets: dict[str, BenchmarkSource] = field(default_factory=dict)  # extra prompt files
+    sglang: BenchmarkSGLangParams = field(default_factory=BenchmarkSGLangParams)
 
 
 def _check(value: Any, tp: Any, key: str) -> Any:

@@ -6,7 +6,6 @@ skipped, a changed fingerprint starts the dataset over. Writes reports/generate/
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import shutil
@@ -23,7 +22,8 @@ from .engines import Completion, Sampling
 from .io import write_json
 from .monitor import Backlog, GenerationMonitor, run_backlog
 from .raw import RAW_SCHEMA, append_part, compact, read_raw
-from .target import load_tokenizer, model_fingerprint, pad_id, token_roles
+from .target import (load_tokenizer, model_fingerprint, pad_id, server_command, start_launched,
+                     token_roles)
 from .tokens import TokenRoles, analyze_output
 
 
@@ -46,15 +46,9 @@ def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokeniz
         return HFEngine(model, pad_id(tokenizer), gen.batch_size)
     if gen.engine == "sglang":
         from .engines.sglang import SGLangEngine
-        from .engines.sglang_server import launch_command, server_url, start_server
         s, urls = gen.sglang, gen.sglang.urls
         if s.launch is not None:
-            args = dataclasses.asdict(s.launch.server_args)
-            command = launch_command(s.launch.model_path or target.path, args, s.launch.extra_args,
-                                     trust_remote_code=target.trust_remote_code,
-                                     module=s.launch.module)
-            urls = [start_server(command, server_url(args["host"], args["port"]),
-                                 s.launch.health_timeout_s, s.launch.log_file).url]
+            urls = [start_launched(s.launch, server_command(s.launch, target)).url]
         return SGLangEngine(urls, s.concurrency, s.timeout_s, s.connect_timeout_s, s.max_retries,
                             s.backoff_s, s.backoff_max_s)
     raise StageError(f"generate.engine: {gen.engine!r} is not one of 'hf', 'sglang'")

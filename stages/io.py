@@ -47,8 +47,19 @@ def write_parquet(table: pa.Table, path: Path | str) -> None:
 
 
 def write_json(obj, path: Path | str) -> None:
+    """JSON with NaN written as null (a rate over zero cases), which every reader accepts."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+        tmp.write_text(json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n")
+
+
+def _finite(obj):
+    if isinstance(obj, float) and obj != obj:
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def write_text(text: str, path: Path | str) -> None:

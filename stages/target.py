@@ -1,13 +1,14 @@
 """The target model's tokenizer and token roles, as every stage sees them."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from .config import TargetParams
+from .config import SGLangLaunchParams, TargetParams
 from .tokens import TokenRoles, learn_roles
 
 
@@ -29,6 +30,21 @@ def load_tokenizer(target: TargetParams):
 
 def token_roles(target: TargetParams, tokenizer) -> TokenRoles:
     return learn_roles(tokenizer, target.roles)
+
+
+def server_command(launch: SGLangLaunchParams, target: TargetParams) -> list[str]:
+    """The `python -m sglang.launch_server ...` command serving the target, from params."""
+    from .engines.sglang_server import launch_command
+    return launch_command(launch.model_path or target.path, dataclasses.asdict(launch.server_args),
+                          launch.extra_args, trust_remote_code=target.trust_remote_code,
+                          module=launch.module)
+
+
+def start_launched(launch: SGLangLaunchParams, command: list[str]):
+    """Start `command` and wait until it answers /health (it stops when the process exits)."""
+    from .engines.sglang_server import server_url, start_server
+    return start_server(command, server_url(launch.server_args.host, launch.server_args.port),
+                        launch.health_timeout_s, launch.log_file)
 
 
 def render_prompt(tokenizer, messages: list[dict], tools: list | None,

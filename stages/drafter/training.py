@@ -127,6 +127,25 @@ def mean_loss(loss: torch.Tensor, rank: Rank) -> float:
     return loss.item() / rank.world
 
 
+def autocast_for(device: torch.device):
+    """bf16 autocast on GPU, plain fp32 on CPU: a factory of context managers."""
+    if device.type == "cuda":
+        return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
+    return lambda: torch.autocast("cpu", enabled=False)
+
+
+def training_step(model: nn.Module, batch: dict, params: list, opt: torch.optim.Optimizer,
+                  grad_clip: float, autocast) -> tuple[torch.Tensor, TTTMetrics, torch.Tensor]:
+    """One optimizer step (forward, backward, clip, AdamW): the unit the benchmarks time."""
+    with autocast():
+        loss, metrics = model(batch)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss, metrics, grad_norm
+
+
 def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
           s: LoopSettings, checkpoint_dir: Path, device: torch.device, rank: Rank = Rank(),
           log: Callable[[str], None] = print) -> History:
@@ -144,8 +163,7 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: lr_factor(step, s.warmup_steps, s.total_steps, s.min_lr_ratio))
-    autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.type == "cuda" \
-        else (lambda: torch.autocast("cpu", enabled=False))
+    autocast = autocast_for(device)
     state = {"step": 0, "epoch": 0, "cursor": 0, "best_tau": -1.0}
     history = History()
     last = checkpoint_dir / "last.pt"
@@ -170,14 +188,9 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
         state["cursor"] += s.batch_size
         mine = picked[rank.rank:: rank.world] or picked[:1]
         batch = _to(collate([train_set[i] for i in mine]), device)
-        with autocast():
-            loss, metrics = model(batch)
-        loss.backward()
-        metrics = summed(metrics, rank, device)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
-        opt.step()
+        loss, metrics, grad_norm = training_step(model, batch, params, opt, s.grad_clip, autocast)
         sched.step()
-        opt.zero_grad(set_to_none=True)
+        metrics = summed(metrics, rank, device)
         state["step"] += 1
         tokens += int(batch["attention_mask"].sum()) * rank.world
         row = {"step": state["step"], "loss": round(mean_loss(loss, rank), 5),

@@ -6,6 +6,11 @@ are tested against real sockets without a GPU; `python -m stages.engines.hf_serv
 launch_server's flags, so it can stand in for SGLang in a launch. Requests that arrive together are
 generated as one HFEngine batch. Fault knobs (dropped connections, 503s, aborts, replies without
 output_ids) make the failures the client must survive happen on purpose.
+
+With SGLang's `--speculative-algorithm EAGLE3 --speculative-draft-model-path D ...` flags it decodes
+each request with the drafter (stages.drafter.speculate, exact but without a KV cache: built for
+counting, not speed) and answers with spec_verify_ct and spec_accept_length in meta_info, as SGLang
+does, so the served benchmark is tested against the in-process one.
 """
 from __future__ import annotations
 
@@ -19,9 +24,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Iterator
 
-from . import Completion, Sampling
+import torch
+import transformers
+from torch import nn
+
+from ..drafter.export import load_drafter
+from ..drafter.model import Eagle3Drafter, target_facts
+from ..drafter.speculate import SpecResult, speculative_generate
+from . import Completion, Sampling, trim_at_stop
 from .hf import HFEngine, load_causal_lm
+from .sglang_bench import ALGORITHM
 
 # Sampling values this server honours; the others must be absent, null or neutral.
 SAMPLING_DEFAULTS = {"max_new_tokens": 128, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
@@ -46,6 +60,38 @@ class Faults:
     omit_output_ids: bool = False  # reply as SGLang 0.4.x without --skip-tokenizer-init
 
 
+@dataclass(frozen=True)
+class Speculative:
+    """EAGLE-3 chain drafting (topk 1) in front of the served target, one request at a time."""
+
+    target: nn.Module
+    drafter: Eagle3Drafter
+    num_steps: int
+    draft_model_path: str = ""
+
+    def decode(self, prompt: list[int], sampling: Sampling) -> SpecResult:
+        generator = torch.Generator().manual_seed(sampling.seed)
+        return speculative_generate(self.target, self.drafter, self.target.get_input_embeddings(),
+                                    prompt, sampling.max_new_tokens, self.num_steps,
+                                    sampling.temperature, sampling.stop_ids, generator)
+
+
+def load_speculative(draft_model_path: str, num_steps: int, target: nn.Module) -> Speculative:
+    """The exported drafter at `draft_model_path`, checked against the target it will serve."""
+    drafter, cfg = load_drafter(draft_model_path)
+    facts = target_facts(target.config)
+    if (cfg.vocab_size, cfg.target_hidden_size) != (facts.vocab_size, facts.hidden_size):
+        raise ValueError(f"--speculative-draft-model-path {draft_model_path}: a drafter for "
+                         f"vocab {cfg.vocab_size} and hidden size {cfg.target_hidden_size}, the "
+                         f"target has {facts.vocab_size} and {facts.hidden_size}")
+    if max(cfg.aux_layer_ids) > facts.num_hidden_layers:
+        raise ValueError(f"--speculative-draft-model-path {draft_model_path}: trained on hidden "
+                         f"states {list(cfg.aux_layer_ids)}, the target has "
+                         f"{facts.num_hidden_layers} layers")
+    drafter = drafter.to(next(target.parameters()).device).eval()
+    return Speculative(target, drafter, num_steps, str(draft_model_path))
+
+
 @dataclass
 class _Job:
     rid: str
@@ -55,6 +101,7 @@ class _Job:
     queued_at: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     result: Completion | None = None
+    spec: SpecResult | None = None  # the verify steps, when decoded speculatively
 
 
 def parse_generate(body, context_length: int, eos_ids: tuple[int, ...] = ()
@@ -119,10 +166,22 @@ def reply(job: _Job, done: Completion, omit_output_ids: bool = False) -> dict:
         "id": job.rid, "finish_reason": finish, "prompt_tokens": len(job.prompt),
         "completion_tokens": len(done.output_ids), "cached_tokens": 0,
         "e2e_latency": round(time.monotonic() - job.queued_at, 6)}}
+    if job.spec is not None and job.spec.verify_steps:
+        out["meta_info"].update(spec_meta(job.spec, len(done.output_ids)))
     if omit_output_ids:
         del out["output_ids"]
         out["text"] = ""
     return out
+
+
+def spec_meta(spec: SpecResult, completion_tokens: int) -> dict:
+    """SGLang's speculative meta_info: sent only after at least one verify step; the
+    accept length counts every completion token, the prefill's first one included."""
+    verify, accepted = spec.verify_steps, sum(spec.accepted)
+    return {"spec_verify_ct": verify, "spec_accept_length": completion_tokens / verify,
+            "spec_accept_rate": accepted / (verify * spec.num_steps),
+            "spec_accepted_drafts": accepted, "spec_proposed_drafts": verify * spec.num_steps,
+            "spec_accept_histogram": [spec.accepted.count(k) for k in range(spec.num_steps + 1)]}
 
 
 class HFServer:
@@ -132,8 +191,9 @@ class HFServer:
                  model_path: str = "", eos_ids: tuple[int, ...] = (),
                  context_length: int | None = None, max_running_requests: int | None = None,
                  max_queued_requests: int | None = None, faults: Faults | None = None,
-                 gather_s: float = 0.005):
+                 gather_s: float = 0.005, speculative: Speculative | None = None):
         self.engine, self.model_path, self.eos_ids = engine, model_path, tuple(eos_ids)
+        self.speculative = speculative
         self._context_length = context_length
         self.max_running = max_running_requests or (engine.batch_size if engine else 16)
         self.max_queued = max_queued_requests
@@ -210,6 +270,9 @@ class HFServer:
         try:
             rid, prompt, sampling, no_stop_trim = parse_generate(body, self.context_length,
                                                                  self.eos_ids)
+            if self.speculative and sampling.temperature > 0 and (sampling.top_p < 1
+                                                                  or sampling.top_k > 0):
+                raise BadRequest("top_p and top_k are not served with speculative decoding here")
         except BadRequest as err:
             self._count("bad_request")
             return 400, _error(str(err))
@@ -245,6 +308,21 @@ class HFServer:
         return {"model_path": self.model_path, "tokenizer_path": self.model_path,
                 "is_generation": True, "architectures": getattr(config, "architectures", None)}
 
+    def server_info(self) -> dict:
+        """The resolved launch settings, as SGLang's /server_info, and this server's version."""
+        spec = self.speculative
+        flags = {"speculative_algorithm": None, "speculative_draft_model_path": None,
+                 "speculative_num_steps": None, "speculative_eagle_topk": None,
+                 "speculative_num_draft_tokens": None}
+        if spec is not None:
+            flags = {"speculative_algorithm": ALGORITHM,
+                     "speculative_draft_model_path": spec.draft_model_path,
+                     "speculative_num_steps": spec.num_steps, "speculative_eagle_topk": 1,
+                     "speculative_num_draft_tokens": spec.num_steps + 1}
+        return {"model_path": self.model_path, "max_running_requests": self.max_running,
+                "context_length": self.context_length if self.engine else None, **flags,
+                "version": f"hf_server (transformers {transformers.__version__})"}
+
     def metrics(self) -> str:
         """Prometheus text with the gauges SGLang exposes under --enable-metrics."""
         with self._lock:
@@ -279,17 +357,29 @@ class HFServer:
                 self._run(sampling, group)
 
     def _run(self, sampling: Sampling, group: list[_Job]) -> None:
-        by_rid = {job.rid: job for job in group}
         self._running = len(group)
         start, tokens = time.monotonic(), 0
-        for done in self.engine.generate([(j.rid, j.prompt) for j in group], sampling):
-            job = by_rid[done.sample_id]
+        for job, done in self._decode(sampling, group):
             job.result = done
             tokens += len(done.output_ids)
             job.done.set()
         self._running = 0
         self._throughput = tokens / max(time.monotonic() - start, 1e-9)
         self._count("generated_tokens", tokens)
+
+    def _decode(self, sampling: Sampling, group: list[_Job]) -> Iterator[tuple[_Job, Completion]]:
+        """Each job with its completion: one HF batch, or one speculative decode per job."""
+        if self.speculative is None:
+            by_rid = {job.rid: job for job in group}
+            for done in self.engine.generate([(j.rid, j.prompt) for j in group], sampling):
+                yield by_rid[done.sample_id], done
+            return
+        for job in group:
+            start = time.monotonic()
+            job.spec = self.speculative.decode(job.prompt, sampling)
+            ids, reason = trim_at_stop(job.spec.output_ids, sampling.stop_ids,
+                                       sampling.max_new_tokens)
+            yield job, Completion(job.rid, ids, reason, time.monotonic() - start)
 
     def _admit(self, conn: socket.socket) -> bool:
         with self._lock:
@@ -336,6 +426,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200 if app.ready.is_set() else 503, b"", "text/plain")
         elif self.path in ("/model_info", "/get_model_info"):
             self._send_json(200, app.model_info())
+        elif self.path in ("/server_info", "/get_server_info"):
+            self._send_json(200, app.server_info())
         elif self.path == "/metrics":
             self._send(200, app.metrics().encode(), "text/plain; version=0.0.4")
         else:
@@ -382,6 +474,28 @@ def model_eos_ids(model) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
 
 
+def speculative_flags_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the --speculative-* flags, or None."""
+    steps, draft_tokens = args.speculative_num_steps, args.speculative_num_draft_tokens
+    if args.speculative_algorithm is None:
+        return ("--speculative-draft-model-path needs --speculative-algorithm EAGLE3"
+                if args.speculative_draft_model_path else None)
+    if args.speculative_algorithm != ALGORITHM:
+        return (f"--speculative-algorithm {args.speculative_algorithm}: only {ALGORITHM} is "
+                f"served here (EAGLE with an EAGLE-3 drafter accepts almost nothing)")
+    if not args.speculative_draft_model_path:
+        return f"--speculative-algorithm {ALGORITHM} needs --speculative-draft-model-path"
+    if steps < 1:
+        return f"--speculative-num-steps {steps}: draft at least 1 token per step"
+    if args.speculative_eagle_topk != 1:
+        return (f"--speculative-eagle-topk {args.speculative_eagle_topk}: only chains (topk 1) "
+                f"are served here")
+    if draft_tokens not in (None, steps + 1):
+        return (f"--speculative-num-draft-tokens {draft_tokens}: a chain of {steps} steps "
+                f"verifies {steps + 1} tokens")
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", required=True)
@@ -399,7 +513,16 @@ def main(argv: list[str] | None = None) -> None:
         gpu_only.add_argument(flag)
     for flag in ("--enable-hierarchical-cache", "--enable-metrics", "--skip-tokenizer-init"):
         gpu_only.add_argument(flag, action="store_true")
+    spec = parser.add_argument_group("speculative decoding, as SGLang: EAGLE3 chains (topk 1)")
+    spec.add_argument("--speculative-algorithm")
+    spec.add_argument("--speculative-draft-model-path")
+    spec.add_argument("--speculative-num-steps", type=int, default=3)
+    spec.add_argument("--speculative-eagle-topk", type=int, default=1)
+    spec.add_argument("--speculative-num-draft-tokens", type=int)
     args = parser.parse_args(argv)
+    problem = speculative_flags_problem(args)
+    if problem:
+        parser.error(problem)
 
     server = HFServer(host=args.host, port=args.port, model_path=args.model_path,
                       context_length=args.context_length,
@@ -411,6 +534,9 @@ def main(argv: list[str] | None = None) -> None:
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else (eos or (0,))[0]
     server.engine = HFEngine(model, pad, batch_size=args.max_running_requests)
     server.eos_ids = eos
+    if args.speculative_algorithm:
+        server.speculative = load_speculative(args.speculative_draft_model_path,
+                                              args.speculative_num_steps, model)
     server.ready.set()
     print(f"hf_server: {server.url} ready", flush=True)
     try:

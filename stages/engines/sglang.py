@@ -19,7 +19,7 @@ import hashlib
 import json
 import random
 import time
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, NamedTuple
 
 import aiohttp
 
@@ -37,6 +37,13 @@ class SGLangError(EngineError):
 
 class _Retry(Exception):
     """One attempt failed in a way another attempt may not."""
+
+
+class Reply(NamedTuple):
+    """A completion with the server's meta_info (e2e_latency, spec_verify_ct...), to measure it."""
+
+    completion: Completion
+    meta_info: dict
 
 
 def request_body(sample_id: str, prompt_ids: list[int], sampling: Sampling, attempt: int) -> dict:
@@ -148,6 +155,16 @@ class SGLangEngine:
 
     def generate(self, requests: Iterable[tuple[str, list[int]]],
                  sampling: Sampling) -> Iterator[Completion]:
+        replies = self.replies(requests, sampling)
+        try:
+            for reply in replies:
+                yield reply.completion
+        finally:
+            replies.close()
+
+    def replies(self, requests: Iterable[tuple[str, list[int]]],
+                sampling: Sampling) -> Iterator[Reply]:
+        """As `generate`, each completion with the meta_info its server sent."""
         loop = asyncio.new_event_loop()
         session = loop.run_until_complete(self._open_session())
         tasks: set[asyncio.Task] = set()
@@ -190,7 +207,7 @@ class SGLangEngine:
         return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
     async def _complete(self, session: aiohttp.ClientSession, sample_id: str,
-                        prompt_ids: list[int], sampling: Sampling) -> Completion:
+                        prompt_ids: list[int], sampling: Sampling) -> Reply:
         failures = []
         url = None
         for attempt in range(self.max_retries + 1):
@@ -209,7 +226,7 @@ class SGLangEngine:
             f"the samples already done are kept and a rerun resumes after them")
 
     async def _attempt(self, session: aiohttp.ClientSession, url: str, sample_id: str,
-                       prompt_ids: list[int], sampling: Sampling, attempt: int) -> Completion:
+                       prompt_ids: list[int], sampling: Sampling, attempt: int) -> Reply:
         body = json.dumps(request_body(sample_id, prompt_ids, sampling, attempt)).encode()
         start = time.monotonic()
         self.in_flight[url] += 1
@@ -226,11 +243,12 @@ class SGLangEngine:
                 reply_json = json.loads(payload)
             except ValueError:
                 raise _Retry(f"{url}: a reply that is not JSON: {payload[:200]!r}") from None
-            return parse_reply(reply_json, sample_id, url, latency)
+            completion = parse_reply(reply_json, sample_id, url, latency)
+            return Reply(completion, reply_json.get("meta_info") or {})
         if status >= 500 or status in RETRY_STATUS:
             raise _Retry(f"{url}: HTTP {status}: {error_message(payload)}")
-        return Completion(sample_id, [], "abort", latency,
-                          error=f"{url}: HTTP {status}: {error_message(payload)}")
+        return Reply(Completion(sample_id, [], "abort", latency,
+                                error=f"{url}: HTTP {status}: {error_message(payload)}"), {})
 
     def _pick_url(self, avoid: str | None) -> str:
         """The server with the fewest requests in flight; a retry goes elsewhere when it can."""

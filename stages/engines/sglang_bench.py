@@ -1,0 +1,228 @@
+"""Measure a drafter on SGLang: the same prompts sent to the target served with EAGLE-3 and to the
+same target served without speculation.
+
+Acceptance length comes from each reply's meta_info: tau = sum(completion_tokens) /
+sum(spec_verify_ct), SGLang's own spec_accept_length pooled over requests. SGLang's
+completion_tokens count the first token, which the target's prefill produces before any draft
+exists, so this tau is higher by requests / verify steps than the in-process tau of
+stages.drafter.speculate, which leaves that token out: `tau_excluding_prefill` is the number to
+compare with it. Throughput is output tokens per wall-clock second of each server at the same
+concurrency, the two servers measured one after the other so they never share the GPUs.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from . import Sampling
+from .sglang import Reply, SGLangEngine, SGLangError
+
+ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
+INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name
+SPECULATIVE_FIELDS = ("speculative_algorithm", "speculative_draft_model_path",
+                      "speculative_num_steps", "speculative_eagle_topk",
+                      "speculative_num_draft_tokens")
+
+
+def speculative_args(drafter_dir: str, num_steps: int) -> list[str]:
+    """launch_server flags that put the drafter in front of the target: a chain (topk 1) of
+    `num_steps` drafts, verified with the target's own next token."""
+    return ["--speculative-algorithm", ALGORITHM, "--speculative-draft-model-path",
+            str(drafter_dir), "--speculative-num-steps", str(num_steps),
+            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(num_steps + 1)]
+
+
+def server_facts(url: str, timeout_s: float = 10.0) -> dict:
+    """Version, model and speculative settings from /server_info (or /model_info for the version);
+    keys the server does not report are absent."""
+    info: dict = {}
+    for path in (*INFO_PATHS, "/model_info"):
+        try:
+            response = httpx.get(f"{url}{path}", timeout=timeout_s, trust_env=False)
+            answer = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            continue
+        if isinstance(answer, dict):
+            info = {**answer, **info}
+            if "version" in info:
+                break
+    return {key: info[key] for key in ("version", "model_path", *SPECULATIVE_FIELDS)
+            if key in info}
+
+
+def check_speculative_server(facts: dict, url: str, num_steps: int) -> None:
+    """Refuse a server that reports settings other than EAGLE3 chain drafting of `num_steps`."""
+    if "speculative_algorithm" not in facts:
+        return  # the server does not say: its replies will tell
+    algorithm = facts["speculative_algorithm"]
+    expected = {"speculative_algorithm": ALGORITHM, "speculative_num_steps": num_steps,
+                "speculative_eagle_topk": 1, "speculative_num_draft_tokens": num_steps + 1}
+    wrong = {k: facts[k] for k, v in expected.items() if facts.get(k, v) != v}
+    if not algorithm:
+        raise SGLangError(f"{url} is not running speculative decoding (its /server_info has "
+                          f"speculative_algorithm {algorithm!r}); serve the target with "
+                          f"{' '.join(speculative_args('DRAFTER', num_steps))}")
+    if wrong:
+        raise SGLangError(f"{url} serves {wrong}, where this benchmark measures "
+                          f"{' '.join(speculative_args('DRAFTER', num_steps))} (EAGLE instead of "
+                          f"EAGLE3 gives tau about 1; other steps give another tau); relaunch it "
+                          f"or set the benchmark's num_steps to the server's")
+
+
+def check_plain_server(facts: dict, url: str) -> None:
+    if facts.get("speculative_algorithm"):
+        raise SGLangError(f"{url} runs speculative decoding ({facts['speculative_algorithm']}), "
+                          f"so it is no baseline: serve the same target without --speculative-* "
+                          f"flags")
+
+
+@dataclass(frozen=True)
+class ServerRun:
+    """A server's replies to a set of requests and the wall-clock seconds they took."""
+
+    url: str
+    replies: list[Reply]
+    wall_s: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(r.meta_info["completion_tokens"] for r in self.replies)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.wall_s if self.wall_s > 0 else float("nan")
+
+    @property
+    def outputs(self) -> dict[str, list[int]]:
+        return {r.completion.sample_id: r.completion.output_ids for r in self.replies}
+
+    @staticmethod
+    def pooled(runs: list[ServerRun]) -> ServerRun:
+        """Runs made one after the other, as one."""
+        return ServerRun(", ".join(dict.fromkeys(r.url for r in runs)),
+                         [reply for r in runs for reply in r.replies], sum(r.wall_s for r in runs))
+
+
+def measure(engine: SGLangEngine, requests: list[tuple[str, list[int]]],
+            sampling: Sampling) -> ServerRun:
+    """Send every request, `engine.concurrency` in flight; a reply the measurement cannot count
+    (aborted, or without completion_tokens) is an error, since holes would flatter the server."""
+    url = ", ".join(engine.urls)
+    start = time.monotonic()
+    replies = list(engine.replies(requests, sampling))
+    wall_s = time.monotonic() - start
+    for reply in replies:
+        done = reply.completion
+        if done.finish_reason == "abort":
+            raise SGLangError(f"{url}: sample {done.sample_id} was aborted ({done.error}); every "
+                              f"request must finish to be measured (a prompt over the context "
+                              f"needs a smaller max_new_tokens or a larger --context-length)")
+        if not isinstance(reply.meta_info.get("completion_tokens"), int):
+            raise SGLangError(f"{url}/generate: the reply to sample {done.sample_id} has no "
+                              f"meta_info.completion_tokens; meta_info keys: "
+                              f"{sorted(reply.meta_info)}")
+    return ServerRun(url, replies, wall_s)
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """Verify-step counts of a speculative server's replies, pooled."""
+
+    requests: int
+    completion_tokens: int   # the prefill's token included, as SGLang counts
+    verify_steps: int
+    histogram: list[int] | None  # verify steps that accepted k drafts, k = 0, 1, ...; None
+                                 # when a reply came without spec_accept_histogram
+
+    @property
+    def tau(self) -> float:
+        return _ratio(self.completion_tokens, self.verify_steps)
+
+    @property
+    def tau_excluding_prefill(self) -> float:
+        """Generated tokens per verify step without the prefill's token: the in-process tau."""
+        return _ratio(self.completion_tokens - self.requests, self.verify_steps)
+
+    def per_position(self, num_steps: int) -> tuple[list[float], list[float]] | None:
+        """(conditional, unconditional) acceptance of drafts 1..num_steps, from the histogram."""
+        if self.histogram is None:
+            return None
+        counts = self.histogram + [0] * (num_steps + 1 - len(self.histogram))
+        reached = [sum(counts[j:]) for j in range(num_steps + 1)]
+        return ([_ratio(reached[j], reached[j - 1]) for j in range(1, num_steps + 1)],
+                [_ratio(reached[j], reached[0]) for j in range(1, num_steps + 1)])
+
+
+def acceptance(run: ServerRun) -> Acceptance:
+    """Pool spec_verify_ct over a speculative server's replies. A reply without it is an error
+    unless the request never reached a verify step (one token, from the prefill), where recent
+    SGLang leaves the count out."""
+    verify, histograms = 0, []
+    for reply in run.replies:
+        meta = reply.meta_info
+        if "spec_verify_ct" not in meta:
+            if meta["completion_tokens"] > 1:
+                raise SGLangError(
+                    f"{run.url} is not running speculative decoding: its reply to sample "
+                    f"{reply.completion.sample_id} ({meta['completion_tokens']} tokens) has no "
+                    f"meta_info.spec_verify_ct. Serve the target with --speculative-algorithm "
+                    f"EAGLE3 --speculative-draft-model-path DRAFTER --speculative-num-steps N "
+                    f"--speculative-eagle-topk 1 --speculative-num-draft-tokens N+1")
+            continue
+        verify += meta["spec_verify_ct"]
+        histograms.append(meta.get("spec_accept_histogram"))
+    histogram = None
+    if histograms and all(isinstance(h, list) for h in histograms):
+        histogram = [sum(c) for c in itertools.zip_longest(*histograms, fillvalue=0)]
+    return Acceptance(len(run.replies), run.completion_tokens, verify, histogram)
+
+
+def check_no_speculation(run: ServerRun) -> None:
+    """The baseline must decode token by token: a reply with spec_verify_ct says it does not."""
+    for reply in run.replies:
+        if "spec_verify_ct" in reply.meta_info:
+            raise SGLangError(f"{run.url} answered sample {reply.completion.sample_id} with "
+                              f"meta_info.spec_verify_ct: it runs speculative decoding, so it is "
+                              f"no baseline; serve the same target without --speculative-* flags")
+
+
+def compare(spec: ServerRun, base: ServerRun, num_steps: int) -> dict:
+    """The figures of one prompt set: tau from the speculative server, each server's output
+    tokens/s and the speedup, and how many outputs the two servers agree on."""
+    acc = acceptance(spec)
+    check_no_speculation(base)
+    positions = acc.per_position(num_steps)
+    base_outputs = base.outputs
+    return {
+        "prompts": acc.requests,
+        "tau": _round(acc.tau),
+        "tau_excluding_prefill": _round(acc.tau_excluding_prefill),
+        "conditional": positions and [_round(x) for x in positions[0]],
+        "unconditional": positions and [_round(x) for x in positions[1]],
+        "verify_steps": acc.verify_steps,
+        "completion_tokens": acc.completion_tokens,
+        "spec_tokens_per_s": _round(spec.tokens_per_s, 2),
+        "base_tokens_per_s": _round(base.tokens_per_s, 2),
+        "speedup": _round(_ratio(spec.tokens_per_s, base.tokens_per_s), 3),
+        "spec_mean_latency_s": _round(_mean_latency(spec)),
+        "base_mean_latency_s": _round(_mean_latency(base)),
+        "outputs_equal_baseline": sum(base_outputs.get(sid) == ids
+                                      for sid, ids in spec.outputs.items()),
+    }
+
+
+def _mean_latency(run: ServerRun) -> float:
+    """Mean e2e_latency of the replies (the client's own clock where the server sent none)."""
+    return _ratio(sum(r.completion.latency_s for r in run.replies), len(run.replies))
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
+
+
+def _round(x: float, digits: int = 4) -> float | None:
+    """Rounded for the report; NaN (nothing to divide by) becomes null, which JSON can hold."""
+    return None if x != x else round(x, digits)

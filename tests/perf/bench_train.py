@@ -1,0 +1,115 @@
+"""How fast the EAGLE-3 training step runs: `Objective` forward (training-time test over
+`ttt_steps`), backward, gradient clipping and the AdamW step, on random features of a target shape.
+
+    python -m tests.perf.bench_train [--shape llama-3.1-8b|tiny] [--device auto|cpu|cuda]
+        [--batches 1x2048 4x2048] [--ttt-steps 7] [--tf32] [--profile]
+
+Reference (DESIGN.md, SpecForge on one H200 at Llama-3.1-8B shapes): 19,300 tokens/s at batch 1,
+26,100 at batch 4; the goal is 1.5x that. The inputs are what the training loop gives the step:
+a float32 drafter, float32 target embedding and LM head, collated float32 features, bf16 autocast
+on GPU. `labels ms` times the target's soft labels alone (`soft_labels`, part of every step).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from stages.drafter.layers import default_aux_indices
+from stages.drafter.model import Eagle3Config, Eagle3Drafter
+from stages.drafter.training import Objective, autocast_for, training_step
+from stages.drafter.ttt import soft_labels
+from stages.engines.hf import resolve_device
+from tests.perf.bench_extract import (common_arguments, median_seconds, peak_memory_gib,
+                                      print_table, reset_peak_memory, synchronize,
+                                      target_config)
+
+DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 128}
+
+
+def build_objective(shape: str, ttt_steps: int, decay: float, device: torch.device) -> Objective:
+    """A fresh drafter over random frozen target embedding / LM head, as stages.train builds it."""
+    target = target_config(shape)
+    cfg = Eagle3Config.from_target(target, DRAFT_VOCAB[shape],
+                                   default_aux_indices(target.num_hidden_layers))
+    with torch.device(device):
+        drafter = Eagle3Drafter(cfg)
+        embed = 0.02 * torch.randn(target.vocab_size, target.hidden_size)
+        head = 0.02 * torch.randn(target.vocab_size, target.hidden_size)
+    return Objective(drafter, embed, head, ttt_steps, decay)
+
+
+def random_batch(cfg: Eagle3Config, batch: int, length: int,
+                 device: torch.device) -> dict[str, torch.Tensor]:
+    """A collated batch (see stages.drafter.hidden.collate) with every position supervised."""
+    with torch.device(device):
+        return {
+            "aux": torch.randn(batch, length, cfg.num_aux * cfg.target_hidden_size),
+            "last": torch.randn(batch, length, cfg.target_hidden_size),
+            "input_ids": torch.randint(cfg.vocab_size, (batch, length)),
+            "loss_mask": torch.ones(batch, length, dtype=torch.bool),
+            "attention_mask": torch.ones(batch, length, dtype=torch.bool),
+        }
+
+
+def print_profile(fn, device: torch.device, rows: int = 20) -> None:
+    """The operators of one call of `fn`, by self time on the device (CPU time on CPU)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        synchronize(device)
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=rows))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_arguments(parser, ["1x2048", "4x2048"])
+    parser.add_argument("--ttt-steps", type=int, default=7)
+    parser.add_argument("--decay", type=float, default=0.8)
+    parser.add_argument("--tf32", action="store_true",
+                        help="let float32 matmuls (the target-label matmul) use TF32")
+    parser.add_argument("--profile", action="store_true",
+                        help="after timing, print the kernels of one step by device time")
+    args = parser.parse_args(argv)
+
+    device = resolve_device(args.device)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.manual_seed(0)
+    objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
+    drafter = objective.drafter
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0, betas=(0.9, 0.95))
+    autocast = autocast_for(device)
+    dtype = "bf16 autocast" if device.type == "cuda" else "fp32"
+    dtype += " tf32" if args.tf32 else ""
+
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        training_step(objective, batch, params, opt, 1.0, autocast)
+
+    print(f"training step: {args.shape} drafter ({sum(p.numel() for p in params):,} parameters, "
+          f"draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
+          f"median of {args.repeat} after {args.warmup} warm-up steps")
+    columns = ["batch", "length", "tokens/s", "ms/step", "labels ms", "peak GiB", "device",
+               "dtype", "ttt_steps"]
+    rows = []
+    for batch_size, length in args.batches:
+        batch = random_batch(drafter.cfg, batch_size, length, device)
+        reset_peak_memory(device)
+        seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
+        peak = peak_memory_gib(device)
+        labels = median_seconds(lambda: soft_labels(batch["last"], drafter, objective.lm_head),
+                                device, 1, args.repeat)
+        rows.append([str(batch_size), str(length), f"{batch_size * length / seconds:,.0f}",
+                     f"{1e3 * seconds:.1f}", f"{1e3 * labels:.1f}", f"{peak:.2f}", device.type,
+                     dtype, str(args.ttt_steps)])
+        if args.profile:
+            print_profile(lambda: step(batch), device)
+        del batch
+    print_table(columns, rows)
+
+
+if __name__ == "__main__":
+    main()

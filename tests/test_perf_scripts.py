@@ -1,0 +1,71 @@
+"""The GPU benchmark scripts keep running: each at a tiny CPU shape through its main(argv)."""
+from __future__ import annotations
+
+import argparse
+import re
+
+import pytest
+import torch
+
+from tests.perf import bench_extract, bench_train
+
+TINY = ["--shape", "tiny", "--device", "cpu", "--batches", "1x32", "2x16",
+        "--warmup", "1", "--repeat", "2"]
+
+
+def printed_table(text: str, first_column: str) -> list[dict[str, str]]:
+    """The rows of the table a script printed last, keyed by its header (cells 2+ spaces apart)."""
+    lines = text.strip().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == [first_column])
+    header, *rows = (re.split(r"\s{2,}", line.strip()) for line in lines[start:])
+    assert all(len(row) == len(header) for row in rows), lines[start:]
+    return [dict(zip(header, row)) for row in rows]
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
+    bench_train.main(TINY + ["--ttt-steps", "3", "--profile"])
+    out = capsys.readouterr().out
+    assert out.count("aten::mm") == 2  # one profile table per batch shape
+    rows = printed_table(out, "batch")
+    assert [(r["batch"], r["length"]) for r in rows] == [("1", "32"), ("2", "16")]
+    for r in rows:
+        assert set(r) == {"batch", "length", "tokens/s", "ms/step", "labels ms", "peak GiB",
+                          "device", "dtype", "ttt_steps"}
+        assert number(r["tokens/s"]) > 0 and number(r["ms/step"]) > 0
+        assert 0 < number(r["labels ms"]) and number(r["peak GiB"]) > 0
+        assert (r["device"], r["dtype"], r["ttt_steps"]) == ("cpu", "fp32", "3")
+        tokens = int(r["batch"]) * int(r["length"])
+        assert number(r["tokens/s"]) == pytest.approx(tokens / number(r["ms/step"]) * 1e3,
+                                                      rel=0.02)
+
+
+def test_bench_extract_prints_rate_and_share_of_peak(capsys):
+    bench_extract.main(TINY)
+    rows = printed_table(capsys.readouterr().out, "variant")
+    assert [(r["variant"], r["batch"], r["length"]) for r in rows] == [
+        ("eager", "1", "32"), ("eager", "2", "16")]
+    for r in rows:
+        assert {"tokens/s", "ms/call", "TFLOP/s", "% of 989", "peak GiB"} <= set(r)
+        assert number(r["tokens/s"]) > 0 and number(r["TFLOP/s"]) > 0
+        assert (r["% of 989"], r["device"], r["dtype"]) == ("-", "cpu", "float32")
+
+
+def test_forward_flops_counts_layer_weights_and_causal_attention():
+    model = bench_extract.build_target("tiny", torch.device("cpu"), torch.float32)
+    s = bench_extract.SHAPES["tiny"]
+    hidden, q, kv = s["hidden_size"], s["num_attention_heads"] * s["head_dim"], \
+        s["num_key_value_heads"] * s["head_dim"]
+    per_layer = hidden * (2 * q + 2 * kv) + 3 * hidden * s["intermediate_size"]
+    layers, batch, length = s["num_hidden_layers"], 2, 32
+    expected = batch * (2 * layers * per_layer * length + 2 * layers * length**2 * q)
+    assert bench_extract.forward_flops(model, batch, length) == expected
+
+
+def test_batch_shape_names_the_expected_form():
+    assert bench_extract.batch_shape("4x2048") == (4, 2048)
+    with pytest.raises(argparse.ArgumentTypeError, match="batch x length"):
+        bench_extract.batch_shape("4by2048")
