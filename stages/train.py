@@ -77,6 +77,9 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
     p = config.section(config.TrainParams, "train", params)
     target = config.section(config.TargetParams, "target", params)
     rank, device = distributed.start(resolve_device(p.device))
+    if p.batch_size % rank.world:
+        raise StageError(f"train.batch_size: {p.batch_size} samples do not split evenly over "
+                         f"{rank.world} processes; use a multiple of {rank.world}")
     torch.manual_seed(p.seed)
     meta = json.loads((hidden_dir / "meta.json").read_text())
     target_config = AutoConfig.from_pretrained(target.path, local_files_only=True,
