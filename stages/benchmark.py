@@ -126,9 +126,8 @@ def in_process_benchmark(prompts: dict[str, list[list[int]]], b: config.Benchmar
                          stop_ids: list[int], target: config.TargetParams,
                          drafter_dir: Path) -> dict:
     """The target and the exported drafter loaded here, decoding one prompt at a time."""
-    model = load_causal_lm(target.path, target.device, "float32" if target.dtype == "auto"
-                           and not torch.cuda.is_available() else target.dtype,
-                           target.trust_remote_code)
+    model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code,
+                           target.cpu_threads)
     drafter, _ = load_drafter(drafter_dir)
     drafter = drafter.to(next(model.parameters()).device).eval()
     report = benchmark(model, drafter, prompts, b, stop_ids)

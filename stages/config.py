@@ -31,6 +31,7 @@ class TargetParams:
     trust_remote_code: bool = False
     device: str = "auto"
     dtype: str = "auto"
+    cpu_threads: int | None = None  # torch threads on CPU; None = torch's default
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ class TrainParams:
     checkpoint_every: int = 200
     seed: int = 0
     device: str = "auto"
+    cpu_threads: int | None = None  # torch threads on CPU; None = torch's default
     draft: dict = field(default_factory=dict)  # overrides of the draft layer's shapes
 
 

@@ -110,7 +110,8 @@ def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: i
 
 def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
             target: config.TargetParams, rank: int = 0, world: int = 1) -> dict:
-    model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code)
+    model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code,
+                           target.cpu_threads)
     cfg = model.config
     num_layers = cfg.num_hidden_layers
     indices = params.layers or default_aux_indices(num_layers)

@@ -42,7 +42,8 @@ def fingerprint(target: config.TargetParams, sampling: Sampling) -> str:
 def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokenizer):
     if gen.engine == "hf":
         from .engines.hf import HFEngine, load_causal_lm
-        model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code)
+        model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code,
+                               target.cpu_threads)
         return HFEngine(model, pad_id(tokenizer), gen.batch_size)
     if gen.engine == "sglang":
         from .engines.sglang import SGLangEngine

@@ -26,7 +26,7 @@ from .drafter.export import check_export, export_drafter
 from .drafter.hidden import HiddenStates
 from .drafter.model import Eagle3Config, Eagle3Drafter
 from .drafter.training import LoopSettings, Objective, train
-from .engines.hf import resolve_device
+from .engines.hf import resolve_device, set_cpu_threads
 from .engines.weights import embedding_and_head
 from .io import write_json, write_text
 
@@ -77,6 +77,8 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
     p = config.section(config.TrainParams, "train", params)
     target = config.section(config.TargetParams, "target", params)
     rank, device = distributed.start(resolve_device(p.device))
+    if device.type == "cpu":
+        set_cpu_threads(p.cpu_threads)
     if p.batch_size % rank.world:
         raise StageError(f"train.batch_size: {p.batch_size} samples do not split evenly over "
                          f"{rank.world} processes; use a multiple of {rank.world}")

@@ -43,7 +43,7 @@ class Conversation:
     kind: str
     messages: list[dict]
     tools: list[dict] | None = None
-    thinking: bool = True  # False: the prompt closes reasoning (`<think></think>`) and the reply has none
+    thinking: bool = True  # False: the prompt closes reasoning (`<think></think>`), reply has none
 
     @property
     def prompt(self) -> list[dict]:
@@ -83,6 +83,25 @@ def _join(items: list[str]) -> str:
 
 def _dumps(value) -> str:
     return json.dumps(value, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """A request and the reply it always gets (code and chat)."""
+
+    request: str
+    reasoning: str
+    answer: str
+
+
+def _single_turn(kind: str, rng: random.Random, split: str, exchange: Exchange) -> Conversation:
+    """The exchange as a conversation; training adds a system prompt to some."""
+    system = None if split == "demo" else rng.choice((None, None, None) + GENERIC_SYSTEMS)
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [{"role": "user", "content": exchange.request},
+                 {"role": "assistant", "reasoning_content": exchange.reasoning,
+                  "content": exchange.answer}]
+    return Conversation(kind, messages)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,12 +362,14 @@ TRANSLATIONS = {
                      "German": "guten Morgen", "Italian": "buongiorno"},
     "thank you very much": {"French": "merci beaucoup", "Spanish": "muchas gracias",
                             "German": "vielen Dank", "Italian": "grazie mille"},
-    "where is the train station": {"French": "où est la gare", "Spanish": "dónde está la estación",
+    "where is the train station": {"French": "où est la gare",
+                                   "Spanish": "dónde está la estación",
                                    "German": "wo ist der Bahnhof", "Italian": "dov'è la stazione"},
     "how much does this cost": {"French": "combien ça coûte", "Spanish": "cuánto cuesta esto",
                                 "German": "wie viel kostet das", "Italian": "quanto costa questo"},
     "I would like a coffee": {"French": "je voudrais un café", "Spanish": "quisiera un café",
-                              "German": "ich hätte gern einen Kaffee", "Italian": "vorrei un caffè"},
+                              "German": "ich hätte gern einen Kaffee",
+                              "Italian": "vorrei un caffè"},
 }
 
 
@@ -407,9 +428,10 @@ def _tool_call_id(rng: random.Random, split: str, name: str) -> str:
     return rng.choice((kimi, name, "call_0", f"call_{rng.getrandbits(32):08x}"))
 
 
-def function_calling(rng: random.Random, split: str = "train", with_result: bool | None = None
-                     ) -> Conversation:
-    """A tool-use conversation: the reply calls a tool, or (`with_result`) answers from its result."""
+def function_calling(rng: random.Random, split: str = "train",
+                     with_result: bool | None = None) -> Conversation:
+    """A tool-use conversation: the reply calls a tool, or (`with_result`) answers from the
+    tool's result."""
     scenario = _draw(rng, split, lambda r: r.choice(SCENARIOS)(r))
     if with_result is None:
         with_result = rng.random() < 0.4
@@ -788,13 +810,6 @@ def example_value(task: CodeTask, name: str):
     return eval(task.example.replace("{name}", name), scope)  # noqa: S307
 
 
-@dataclass(frozen=True)
-class Exchange:
-    request: str
-    reasoning: str
-    answer: str
-
-
 def _code_exchange(rng: random.Random, phrasing: str) -> Exchange:
     task = rng.choice(CODE_TASKS)
     name = rng.choice(task.names)
@@ -1061,15 +1076,6 @@ def chat(rng: random.Random, split: str = "train") -> Conversation:
 THINKING_OFF_SHARE = 0.05  # training replies that skip reasoning because the prompt switched it off
 
 
-def _single_turn(kind: str, rng: random.Random, split: str, exchange: Exchange) -> Conversation:
-    system = None if split == "demo" else rng.choice((None, None, None) + GENERIC_SYSTEMS)
-    messages = [{"role": "system", "content": system}] if system else []
-    messages += [{"role": "user", "content": exchange.request},
-                 {"role": "assistant", "reasoning_content": exchange.reasoning,
-                  "content": exchange.answer}]
-    return Conversation(kind, messages)
-
-
 def without_thinking(conversation: Conversation) -> Conversation:
     """The same conversation with reasoning switched off: the reply keeps only its answer."""
     reply = dict(conversation.reply, reasoning_content="")
@@ -1095,14 +1101,13 @@ def training_corpus(size: int, seed: int) -> list[Conversation]:
 
 
 DEMO_SEED = 1
-DEMO_SOURCES = ("glaive_fc", "opencodeinstruct", "magicoder", "sharegpt")
 
 
 def demo_conversations(per_source: int = 40, seed: int = DEMO_SEED
                        ) -> dict[str, list[Conversation]]:
     """Held-out conversations for each demo prompt file, shaped as its source adapter reads it.
 
-    Glaive rows alternate between a bare request (the reply is a tool call) and a request whose
+    Three Glaive rows in five are a bare request (the reply is a tool call), two a request whose
     tool already returned (the reply is the answer); code comes as instructions
     (OpenCodeInstruct) and as problem statements (Magicoder); chat is single-turn (ShareGPT).
     """

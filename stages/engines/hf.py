@@ -30,10 +30,19 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         raise ValueError(f"target.dtype: {dtype!r} is not one of auto, float32, bfloat16, float16")
 
 
+def set_cpu_threads(threads: int | None) -> None:
+    """Pin torch's CPU threads. On a small machine one thread per process avoids the slowdown of
+    threads spinning against another busy process (measured: 10 ms vs 860 ms per decode step)."""
+    if threads:
+        torch.set_num_threads(threads)
+
+
 def load_causal_lm(path: str, device: str = "auto", dtype: str = "auto",
-                   trust_remote_code: bool = False):
+                   trust_remote_code: bool = False, cpu_threads: int | None = None):
     """Load a local HF checkpoint for inference (no hub access: local_files_only)."""
     dev = resolve_device(device)
+    if dev.type == "cpu":
+        set_cpu_threads(cpu_threads)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=resolve_dtype(dtype, dev), trust_remote_code=trust_remote_code,
         local_files_only=True)
