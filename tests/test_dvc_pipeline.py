@@ -1,5 +1,5 @@
 """The DVC behaviours users rely on, shown with real `dvc repro` on a temporary copy of the
-project, up to the quality gate, with a small budget of prompts."""
+project, up to merge and the quality gate, with a small budget of prompts."""
 from __future__ import annotations
 
 import json
@@ -28,21 +28,21 @@ def repo(tmp_path_factory, demo_target):
 
 
 def test_repro_noop_budget_change_and_metrics_diff(repo):
-    first = sh(["dvc", "repro", "quality"], repo)
+    first = sh(["dvc", "repro", "merge", "quality"], repo)
     names = yaml.safe_load((repo / "params.yaml").read_text())["datasets"]
     assert ran_stages(first.stdout) == ({f"prep@{n}" for n in names}
                                         | {f"generate@{n}" for n in names} | {"merge", "quality"})
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "first run"], repo)
 
-    again = sh(["dvc", "repro", "quality"], repo)
+    again = sh(["dvc", "repro", "merge", "quality"], repo)
     assert ran_stages(again.stdout) == set(), again.stdout
 
     one = last_dataset({"datasets": names})
     before = json.loads((repo / "reports" / "generate" / f"{one}.json").read_text())
     assert before["samples"] == 2 and before["budget_reached"]
     set_params(repo, lambda p: p["datasets"][one]["generate"].update(budget_tokens=10**6))
-    raised = sh(["dvc", "repro", "quality"], repo)
+    raised = sh(["dvc", "repro", "merge", "quality"], repo)
     assert ran_stages(raised.stdout) == {f"generate@{one}", "merge", "quality"}
     after = json.loads((repo / "reports" / "generate" / f"{one}.json").read_text())
     assert after["new_samples"] == 4 and after["samples"] == 6  # resumed, nothing redone
