@@ -33,10 +33,9 @@ from .engines.sglang import SGLangEngine
 from .engines.sglang_bench import (ServerRun, check_plain_server, check_speculative_server,
                                    compare, measure, server_facts, speculative_args)
 from .engines.sglang_server import is_healthy, launch_command
-from .io import write_json, write_text
+from .io import write_csv, write_json
 from .sources import prompt_messages, read_conversations
 from .target import load_tokenizer, render_prompt, server_command, start_launched, token_roles
-from .train import csv_text
 
 
 def eval_prompts(eval_file: Path, limit: int) -> dict[str, list[list[int]]]:
@@ -231,12 +230,12 @@ def main(params: Path = config.PARAMS_FILE, eval_file: Path = Path("data/merged/
     else:
         report = in_process_benchmark(prompts, b, stop_ids, target, drafter_dir)
     write_json(report, report_dir / "benchmark.json")
-    write_text(csv_text([{"temperature": t, "dataset": d, "position": j + 1,
-                          "conditional": v["conditional"][j], "unconditional": v["unconditional"][j]}
-                         for t, tv in report["temperatures"].items()
-                         for d, v in tv["datasets"].items() if v["conditional"]
-                         for j in range(b.num_steps)]),
-               report_dir / "plots" / "benchmark_acceptance.csv")
+    write_csv([{"temperature": t, "dataset": d, "position": j + 1,
+                "conditional": v["conditional"][j], "unconditional": v["unconditional"][j]}
+               for t, tv in report["temperatures"].items()
+               for d, v in tv["datasets"].items() if v["conditional"]
+               for j in range(b.num_steps)],
+              report_dir / "plots" / "benchmark_acceptance.csv")
     greedy = report["temperatures"].get("0.0", {"datasets": {}})
     print(f"[benchmark] {report['engine']}: tau at T=0: {report['tau_greedy']}  "
           + "  ".join(f"{d}: {v['tau']}" for d, v in greedy["datasets"].items())

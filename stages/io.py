@@ -6,6 +6,8 @@ stage never leaves a half-written file where a later stage would read it.
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import os
 import shutil
@@ -60,6 +62,17 @@ def _finite(obj):
     if isinstance(obj, (list, tuple)):
         return [_finite(v) for v in obj]
     return obj
+
+
+def write_csv(rows: list[dict], path: Path | str, columns: list[str] | None = None) -> None:
+    """A CSV for `dvc plots`; the header comes from `columns`, else from the first row."""
+    columns = columns or (list(rows[0]) if rows else [])
+    buf = io.StringIO()
+    if columns:
+        writer = csv.DictWriter(buf, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    write_text(buf.getvalue(), path)
 
 
 def write_text(text: str, path: Path | str) -> None:

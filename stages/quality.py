@@ -7,18 +7,17 @@ tool calls cut, everything truncated) stops the run before extraction and traini
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 from decimal import Decimal
 from pathlib import Path
 
 from . import config
 from .cli import StageError, run
-from .io import write_json, write_text
+from .io import write_csv, write_json, write_text
 from .queries import open_samples, rows
 from .raw import parts
 
+HISTOGRAM_COLUMNS = ["dataset", "measure", "bucket", "bucket_start", "samples"]
 QUESTIONS = ("length_distribution", "reasoning_presence", "finish_reasons",
              "tool_call_integrity", "duplicates", "budget_used")
 
@@ -123,14 +122,6 @@ def _table(records: list[dict]) -> list[str]:
             + ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in records])
 
 
-def histogram_csv(records: list[dict]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(records[0]) if records else ["dataset"])
-    writer.writeheader()
-    writer.writerows(records)
-    return buf.getvalue()
-
-
 def main(params: Path = config.PARAMS_FILE, raw_dir: Path = Path("data/raw"),
          prep_dir: Path = Path("reports/prep"), report_dir: Path = Path("reports")) -> None:
     """Answer the quality questions and apply the gate."""
@@ -144,7 +135,7 @@ def main(params: Path = config.PARAMS_FILE, raw_dir: Path = Path("data/raw"),
     failures = gate(answers, {n: d.expect for n, d in datasets.items()}, q)
     write_json(metrics(answers, prep_reports, failures), report_dir / "quality.json")
     write_text(markdown(answers, prep_reports, failures), report_dir / "quality.md")
-    write_text(histogram_csv(answers["length_histogram"]), report_dir / "plots" / "lengths.csv")
+    write_csv(answers["length_histogram"], report_dir / "plots" / "lengths.csv", HISTOGRAM_COLUMNS)
     if failures:
         raise StageError("quality gate failed:\n  " + "\n  ".join(failures)
                          + f"\n(see {report_dir / 'quality.md'})")

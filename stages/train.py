@@ -8,9 +8,7 @@ reports/plots/train_acceptance.csv. Under torchrun it trains data-parallel (DDP)
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import math
 import shutil
@@ -28,7 +26,7 @@ from .drafter.model import Eagle3Config, Eagle3Drafter
 from .drafter.training import LoopSettings, Objective, train
 from .engines.hf import resolve_device, set_cpu_threads
 from .engines.weights import embedding_and_head
-from .io import write_json, write_text
+from .io import write_csv, write_json
 
 
 def build_drafter(target_config, meta: dict, vocab_file: Path, draft: dict) -> Eagle3Drafter:
@@ -58,15 +56,6 @@ def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
         print(f"[train] params, features or vocab changed: starting over in {checkpoint_dir}")
         shutil.rmtree(checkpoint_dir)
     write_json(run, run_file)
-
-
-def csv_text(rows: list[dict]) -> str:
-    buf = io.StringIO()
-    if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return buf.getvalue()
 
 
 def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden"),
@@ -119,13 +108,13 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
                    "best_simulated_tau": best_eval and best_eval["simulated_tau"],
                    "eval_num_steps": p.eval_num_steps}
         write_json(metrics, report_dir / "train.json")
-        write_text(csv_text(history.steps), report_dir / "plots" / "train_loss.csv")
+        write_csv(history.steps, report_dir / "plots" / "train_loss.csv")
         if best_eval:
-            write_text(csv_text([{"position": k + 1, "accuracy": best_eval["accuracy"][k],
-                                  "conditional": best_eval["acceptance_conditional"][k],
-                                  "unconditional": best_eval["acceptance_unconditional"][k]}
-                                 for k in range(p.ttt_steps)]),
-                       report_dir / "plots" / "train_acceptance.csv")
+            write_csv([{"position": k + 1, "accuracy": best_eval["accuracy"][k],
+                        "conditional": best_eval["acceptance_conditional"][k],
+                        "unconditional": best_eval["acceptance_unconditional"][k]}
+                       for k in range(p.ttt_steps)],
+                      report_dir / "plots" / "train_acceptance.csv")
         print(f"[train] {metrics}")
     distributed.stop(rank)
 

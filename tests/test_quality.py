@@ -1,7 +1,8 @@
 import pytest
 
 from stages.config import ExpectParams, QualityParams
-from stages.quality import answer, gate, histogram_csv, markdown, metrics
+from stages.io import write_csv
+from stages.quality import HISTOGRAM_COLUMNS, answer, gate, markdown, metrics
 from tests.rawdata import raw_row, write_raw
 
 EXPECT = {"chat": ExpectParams(reasoning=True), "fc": ExpectParams(reasoning=True, tool_calls=True)}
@@ -37,7 +38,8 @@ def test_answers_on_healthy_data(tmp_path):
     hist = [r for r in ans["length_histogram"] if r["dataset"] == "chat" and r["measure"] == "total"]
     assert sum(r["samples"] for r in hist) == 20 and len(hist) <= 4
     assert gate(ans, EXPECT, QualityParams()) == []
-    assert "bucket_start" in histogram_csv(ans["length_histogram"]).splitlines()[0]
+    write_csv(ans["length_histogram"], tmp_path / "lengths.csv", HISTOGRAM_COLUMNS)
+    assert "bucket_start" in (tmp_path / "lengths.csv").read_text().splitlines()[0]
 
 
 def test_gate_catches_lost_reasoning(tmp_path):
