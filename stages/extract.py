@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -147,10 +148,12 @@ def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
         write_json(meta, meta_path)
     _barrier(world)
     keys = [shard_key(fingerprint, shard) for shard in plan]
-    mine = [k for k in range(len(plan)) if k % world == rank
-            and not shard_done(out_dir / f"shard-{k:05d}.safetensors", keys[k])]
+    todo = [k for k in range(len(plan))
+            if not shard_done(out_dir / f"shard-{k:05d}.safetensors", keys[k])]
+    mine = [k for k in todo if k % world == rank]
     progress = Progress(f"extract rank {rank}", sum(len(plan[k]) for k in mine),
                         sum(r["length"] for k in mine for r in plan[k]))
+    clock = time.monotonic()
     for k in mine:
         by_split: dict[str, set] = {}
         for r in plan[k]:
@@ -163,6 +166,8 @@ def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
             save_file(tensors, str(tmp), metadata={"shard_key": keys[k]})
         progress.update(len(rows), int(tensors["input_ids"].numel()))
     _barrier(world)
+    seconds = time.monotonic() - clock  # the slowest rank's time: what the run waited for
+    extracted = sum(r["length"] for k in todo for r in plan[k])
     index = []
     for k, shard in enumerate(plan):
         offset = 0
@@ -173,7 +178,9 @@ def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
     if rank == 0:
         write_parquet(pa.Table.from_pylist(index), out_dir / "index.parquet")
     return {"tokens": total, "shards": len(plan), "samples": len(index),
-            "bytes": total * meta["bytes_per_token"], "aux_hf_indices": indices}
+            "bytes": total * meta["bytes_per_token"], "aux_hf_indices": indices,
+            "world_size": world, "extracted_tokens": extracted,
+            "tokens_per_s": round(extracted / seconds, 1) if extracted else 0.0}
 
 
 def _barrier(world: int) -> None:

@@ -106,7 +106,8 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
         metrics = {"steps": s.total_steps, "final_loss": history.steps[-1]["loss"],
                    "best_step": best_eval and best_eval["step"],
                    "best_simulated_tau": best_eval and best_eval["simulated_tau"],
-                   "eval_num_steps": p.eval_num_steps}
+                   "eval_num_steps": p.eval_num_steps, "world_size": rank.world,
+                   "tokens_per_s": round(history.tokens_per_s, 1)}
         write_json(metrics, report_dir / "train.json")
         write_csv(history.steps, report_dir / "plots" / "train_loss.csv")
         if best_eval:

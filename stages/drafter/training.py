@@ -31,11 +31,22 @@ class Objective(nn.Module):
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
         self.ttt_steps, self.decay = ttt_steps, decay
+        self.world = 1  # data-parallel processes; set by `train`
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, TTTMetrics]:
+        # Training under DDP: every rank divides by the global count (eval batches differ in
+        # number per rank, so evaluation keeps local means and issues no collective).
+        global_mean = self.training and self.world > 1
         return ttt_forward(self.drafter, self.embed, batch["aux"], batch["last"],
                            batch["input_ids"], batch["loss_mask"], batch["attention_mask"],
-                           self.ttt_steps, self.decay, target_lm_head=self.lm_head)
+                           self.ttt_steps, self.decay, target_lm_head=self.lm_head,
+                           denominators=self.per_rank_share if global_mean else None)
+
+    def per_rank_share(self, counts: torch.Tensor) -> torch.Tensor:
+        """Valid positions of the whole global batch, per step, divided by the world size."""
+        counts = counts.clone()
+        torch.distributed.all_reduce(counts)
+        return counts / self.world
 
 
 @dataclass
@@ -83,6 +94,12 @@ class Rank:
 class History:
     steps: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
+    tokens: int = 0          # trained on by this run (all ranks), for its throughput
+    seconds: float = 0.0     # spent in training steps by this run (evaluation and saving excluded)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
 
 
 def batch_order(n: int, seed: int, epoch: int) -> list[int]:
@@ -119,12 +136,17 @@ def summed(metrics: TTTMetrics, rank: Rank, device: torch.device) -> TTTMetrics:
     return TTTMetrics(*counts.cpu())
 
 
-def mean_loss(loss: torch.Tensor, rank: Rank) -> float:
-    """The step's loss averaged over the ranks: the objective DDP's averaged gradient descends."""
-    loss = loss.detach().clone()
+def step_totals(loss: torch.Tensor, tokens: torch.Tensor, rank: Rank) -> tuple[float, int]:
+    """(the step's loss averaged over the ranks, the tokens of the whole global batch).
+
+    Each rank's loss is its share of the global mean (`Objective.per_rank_share`), so the
+    average over ranks is the loss of the global batch, the objective DDP's gradient descends.
+    """
+    both = torch.stack([loss.detach().float(), tokens.float()])
     if rank.world > 1:
-        torch.distributed.all_reduce(loss)
-    return loss.item() / rank.world
+        torch.distributed.all_reduce(both)
+    loss_sum, token_sum = both.tolist()
+    return loss_sum / rank.world, int(token_sum)
 
 
 def autocast_for(device: torch.device):
@@ -151,6 +173,7 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
           log: Callable[[str], None] = print) -> History:
     log = log if rank.main else (lambda _: None)  # the other ranks' figures are the same
     objective.to(device)
+    objective.world = rank.world
     drafter = objective.drafter
     model: nn.Module = objective
     if rank.world > 1:
@@ -178,8 +201,9 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
         log(f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
             f"sample {state['cursor']})")
     order = batch_order(len(train_set), s.seed, state["epoch"])
-    tokens, clock = 0, time.monotonic()
+    first = state["step"]
     while state["step"] < s.total_steps:
+        clock = time.monotonic()
         if state["cursor"] >= len(order):
             state["epoch"] += 1
             state["cursor"] = 0
@@ -191,18 +215,19 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
         loss, metrics, grad_norm = training_step(model, batch, params, opt, s.grad_clip, autocast)
         sched.step()
         metrics = summed(metrics, rank, device)
+        step_loss, step_tokens = step_totals(loss, batch["attention_mask"].sum(), rank)
         state["step"] += 1
-        tokens += int(batch["attention_mask"].sum()) * rank.world
-        row = {"step": state["step"], "loss": round(mean_loss(loss, rank), 5),
+        history.tokens += step_tokens
+        history.seconds += time.monotonic() - clock
+        row = {"step": state["step"], "loss": round(step_loss, 5),
                "lr": sched.get_last_lr()[0], "grad_norm": round(float(grad_norm), 4),
                **{f"acc_{k}": round(a, 4) for k, a in enumerate(metrics.accuracy)}}
         history.steps.append(row)
         if state["step"] % 10 == 0 or state["step"] == s.total_steps:
-            rate = tokens / max(time.monotonic() - clock, 1e-9)
-            eta = (s.total_steps - state["step"]) * (time.monotonic() - clock) / max(
-                len(history.steps), 1)
+            eta = (s.total_steps - state["step"]) * history.seconds / (state["step"] - first)
             log(f"[train] step {state['step']}/{s.total_steps} loss {row['loss']:.4f} "
-                f"acc0 {row['acc_0']:.3f} lr {row['lr']:.2e} {rate:,.0f} tok/s eta {eta:,.0f}s")
+                f"acc0 {row['acc_0']:.3f} lr {row['lr']:.2e} {history.tokens_per_s:,.0f} tok/s "
+                f"eta {eta:,.0f}s")
         if state["step"] % s.eval_every == 0 or state["step"] == s.total_steps:
             ev = evaluate(objective, eval_set, s, device, autocast, rank)
             if ev is not None:

@@ -9,6 +9,7 @@ target's own choice there is a token the draft vocabulary holds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -148,20 +149,27 @@ def step_metrics(ce: list[Tensor], correct: list[Tensor], valid: list[Tensor]) -
 def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor,
                 last_or_logits: Tensor, input_ids: Tensor, loss_mask: Tensor,
                 attention_mask: Tensor | None = None, ttt_steps: int = 7, decay: float = 0.8,
-                target_lm_head: Tensor | None = None) -> tuple[Tensor, TTTMetrics]:
+                target_lm_head: Tensor | None = None,
+                denominators: Callable[[Tensor], Tensor] | None = None
+                ) -> tuple[Tensor, TTTMetrics]:
     """Loss = sum_k decay**k * (soft cross-entropy of step k averaged over its valid positions).
 
     aux [B, T, num_aux * target_hidden]: target features; last_or_logits: the target's logits or
     final hidden state (with `target_lm_head`); input_ids, loss_mask, attention_mask: [B, T].
+    `denominators` maps this batch's valid counts per step [K] to the divisors of its sums; data
+    parallelism passes (global count / world size), so that the ranks' averaged gradient is the
+    gradient of the mean over the whole global batch however unevenly supervision falls.
     """
     labels = soft_labels(last_or_logits, drafter, target_lm_head)
     valid = valid_positions(labels, loss_mask, attention_mask, ttt_steps)
+    counts = torch.stack([v.sum() for v in valid]).float()
+    divisors = (denominators(counts) if denominators else counts).clamp(min=1)
     total, ces, corrects = aux.new_zeros((), dtype=torch.float32), [], []
     for k, logits in enumerate(ttt_unroll(drafter, embed, aux, input_ids, attention_mask,
                                           ttt_steps)):
         probs = shift_left(labels.probs, k + 1, 0.0)
         ce = -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
-        total = total + decay ** k * (ce * valid[k]).sum() / valid[k].sum().clamp(min=1)
+        total = total + decay ** k * (ce * valid[k]).sum() / divisors[k]
         ces.append(ce)
         corrects.append(logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
     return total, step_metrics(ces, corrects, valid)
