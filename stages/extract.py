@@ -12,6 +12,8 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
@@ -49,16 +51,30 @@ def plan_shards(merged_dir: Path, splits: list[str], shard_tokens: int) -> list[
     return [s for s in shards if s]
 
 
-def load_rows(merged_dir: Path, split: str, wanted: set[str]) -> dict[str, dict]:
-    rows = {}
-    for batch in pq.ParquetFile(merged_dir / f"{split}.parquet").iter_batches(
-            columns=["sample_id", "input_ids", "loss_start"]):
-        ids = batch.column("sample_id").to_pylist()
-        keep = [i for i, sid in enumerate(ids) if sid in wanted]
-        if keep:
-            for row in batch.take(keep).to_pylist():
-                rows[row["sample_id"]] = row
-    return rows
+def shard_rows(merged_dir: Path, plan: list[list[dict]], wanted: list[int]
+               ) -> Iterator[tuple[int, list[dict]]]:
+    """(k, rows of shard k) for each k in `wanted`, in order, from one pass over the split files.
+
+    Shards are consecutive runs of the files' rows (plan_shards), so a rank streams the files once
+    and keeps only its own shards' rows, one shard in memory at a time.
+    """
+    owner = {(r["split"], r["sample_id"]): k for k in wanted for r in plan[k]}
+    splits = list(dict.fromkeys(r["split"] for k in wanted for r in plan[k]))
+    current, rows = None, []
+    for split in splits:
+        for batch in pq.ParquetFile(merged_dir / f"{split}.parquet").iter_batches(
+                columns=["sample_id", "input_ids", "loss_start"]):
+            for row in batch.to_pylist():
+                k = owner.get((split, row["sample_id"]))
+                if k is None:
+                    continue
+                if k != current and rows:
+                    yield current, rows
+                    rows = []
+                current = k
+                rows.append(row)
+    if rows:
+        yield current, rows
 
 
 def shard_key(fingerprint: str, shard: list[dict]) -> str:
@@ -86,9 +102,29 @@ def length_batches(rows: list[dict], batch_tokens: int) -> list[list[dict]]:
     return batches + ([current] if current else [])
 
 
+class FeatureBuffers:
+    """Host memory a shard's features are copied into straight from the device, in two sets used
+    in turn: one fills while the other is being written. Pinned on a GPU host, where a copy into
+    pageable memory measured about 1 GiB/s on an H200 host and one into pinned memory about 50."""
+
+    def __init__(self, tokens: int, aux_width: int, hidden: int, dtype: torch.dtype, pin: bool):
+        self.sets = [tuple(torch.empty((tokens, width), dtype=dtype, pin_memory=pin)
+                           for width in (aux_width, hidden)) for _ in range(2)]
+        self.turn = 0
+
+    def take(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(aux [tokens, aux_width], last [tokens, hidden]) views of the next set."""
+        aux, last = self.sets[self.turn]
+        self.turn ^= 1
+        return aux[:tokens], last[:tokens]
+
+
 def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: int,
-                  dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    feats = {}
+                  buffers: FeatureBuffers, device: torch.device) -> dict[str, torch.Tensor]:
+    lengths = [len(r["input_ids"]) for r in rows]
+    starts = dict(zip((r["sample_id"] for r in rows),
+                      torch.tensor([0] + lengths).cumsum(0).tolist()))
+    aux_out, last_out = buffers.take(sum(lengths))
     for batch in length_batches(rows, batch_tokens):
         width = max(len(r["input_ids"]) for r in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
@@ -98,15 +134,15 @@ def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: i
             mask[b, : len(r["input_ids"])] = 1
         aux, last = extractor(ids.to(device), mask.to(device))
         for b, r in enumerate(batch):
-            n = len(r["input_ids"])
-            feats[r["sample_id"]] = (aux[b, :n].to("cpu", dtype), last[b, :n].to("cpu", dtype))
-    order = [r["sample_id"] for r in rows]
+            start, n = starts[r["sample_id"]], len(r["input_ids"])
+            aux_out[start: start + n].copy_(aux[b, :n], non_blocking=True)
+            last_out[start: start + n].copy_(last[b, :n], non_blocking=True)
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()  # the copies have landed
     input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
     loss_mask = torch.cat([(torch.arange(len(r["input_ids"])) >= r["loss_start"]).to(torch.uint8)
                            for r in rows])
-    return {"aux": torch.cat([feats[s][0] for s in order]),
-            "last": torch.cat([feats[s][1] for s in order]),
-            "input_ids": input_ids, "loss_mask": loss_mask}
+    return {"aux": aux_out, "last": last_out, "input_ids": input_ids, "loss_mask": loss_mask}
 
 
 def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
@@ -154,17 +190,14 @@ def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
     progress = Progress(f"extract rank {rank}", sum(len(plan[k]) for k in mine),
                         sum(r["length"] for k in mine for r in plan[k]))
     clock = time.monotonic()
-    for k in mine:
-        by_split: dict[str, set] = {}
-        for r in plan[k]:
-            by_split.setdefault(r["split"], set()).add(r["sample_id"])
-        loaded = {sid: row for split, ids in by_split.items()
-                  for sid, row in load_rows(merged_dir, split, ids).items()}
-        rows = [loaded[r["sample_id"]] for r in plan[k]]
-        tensors = extract_shard(extractor, rows, params.batch_tokens, DTYPES[params.dtype], device)
-        with atomic_path(out_dir / f"shard-{k:05d}.safetensors") as tmp:
-            save_file(tensors, str(tmp), metadata={"shard_key": keys[k]})
-        progress.update(len(rows), int(tensors["input_ids"].numel()))
+    buffers = FeatureBuffers(max((sum(r["length"] for r in plan[k]) for k in mine), default=0),
+                             len(indices) * cfg.hidden_size, cfg.hidden_size,
+                             DTYPES[params.dtype], pin=device.type == "cuda")
+    with ShardWriter() as writer:  # shard k is written while shard k + world is extracted
+        for k, rows in shard_rows(merged_dir, plan, mine):
+            tensors = extract_shard(extractor, rows, params.batch_tokens, buffers, device)
+            writer.put(tensors, out_dir / f"shard-{k:05d}.safetensors", {"shard_key": keys[k]})
+            progress.update(len(rows), int(tensors["input_ids"].numel()))
     _barrier(world)
     seconds = time.monotonic() - clock  # the slowest rank's time: what the run waited for
     extracted = sum(r["length"] for k in todo for r in plan[k])
@@ -181,6 +214,39 @@ def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
             "bytes": total * meta["bytes_per_token"], "aux_hf_indices": indices,
             "world_size": world, "extracted_tokens": extracted,
             "tokens_per_s": round(extracted / seconds, 1) if extracted else 0.0}
+
+
+class ShardWriter:
+    """Writes shards on a background thread, one at a time, so the GPU never waits on the disk.
+    `put` first waits for the previous write: that is what lets FeatureBuffers refill a set. A
+    failed write is raised at the next put or at exit."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.pending: Future | None = None
+
+    def put(self, tensors: dict[str, torch.Tensor], path: Path, metadata: dict) -> None:
+        self.wait()
+        self.pending = self.pool.submit(self._write, tensors, path, metadata)
+
+    @staticmethod
+    def _write(tensors: dict[str, torch.Tensor], path: Path, metadata: dict) -> None:
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata=metadata)
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.pending.result()
+            self.pending = None
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.wait()
+        finally:
+            self.pool.shutdown()
 
 
 def _barrier(world: int) -> None:
