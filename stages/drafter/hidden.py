@@ -41,9 +41,12 @@ class HiddenStates:
         return {f: shard.get_slice(f)[r["offset"]: r["offset"] + n] for f in FIELDS}
 
 
-def collate(samples: list[dict], dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Right-pad a list of samples into a batch with an attention mask."""
+def collate(samples: list[dict], dtype: torch.dtype | None = torch.float32
+            ) -> dict[str, torch.Tensor]:
+    """Right-pad a list of samples into a batch with an attention mask; features in `dtype`
+    (None: as stored)."""
     width = max(s["input_ids"].shape[0] for s in samples)
+    dtype = dtype or samples[0]["aux"].dtype
     batch = {
         "aux": torch.zeros(len(samples), width, samples[0]["aux"].shape[-1], dtype=dtype),
         "last": torch.zeros(len(samples), width, samples[0]["last"].shape[-1], dtype=dtype),

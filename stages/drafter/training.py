@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -43,10 +46,11 @@ class Objective(nn.Module):
                            denominators=self.per_rank_share if global_mean else None)
 
     def per_rank_share(self, counts: torch.Tensor) -> torch.Tensor:
-        """Valid positions of the whole global batch, per step, divided by the world size."""
+        """Valid positions of the whole global batch (at least 1), per step, over the world size:
+        a rank's share may be below 1 when the global batch has a single valid position."""
         counts = counts.clone()
         torch.distributed.all_reduce(counts)
-        return counts / self.world
+        return counts.clamp(min=1) / self.world
 
 
 @dataclass
@@ -117,8 +121,8 @@ def evaluate(objective: Objective, data: HiddenStates, s: LoopSettings,
     objective.eval()
     with torch.no_grad():
         for start in range(rank.rank * s.batch_size, n, s.batch_size * rank.world):
-            batch = _to(collate([data[i] for i in range(start, min(start + s.batch_size, n))]),
-                        device)
+            batch = _to(collate([data[i] for i in range(start, min(start + s.batch_size, n))],
+                                feature_dtype(device)), device)
             with autocast():
                 _, metrics = objective(batch)
             total = total + metrics
@@ -147,6 +151,12 @@ def step_totals(loss: torch.Tensor, tokens: torch.Tensor, rank: Rank) -> tuple[f
         torch.distributed.all_reduce(both)
     loss_sum, token_sum = both.tolist()
     return loss_sum / rank.world, int(token_sum)
+
+
+def feature_dtype(device: torch.device) -> torch.dtype | None:
+    """Features stay in their stored dtype (bf16) up to the GPU, where the target's LM head then
+    runs in that dtype as it does when serving; CPU training computes in fp32."""
+    return None if device.type == "cuda" else torch.float32
 
 
 def autocast_for(device: torch.device):
@@ -200,18 +210,13 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
         history = History(ckpt["history"]["steps"], ckpt["history"]["evals"])
         log(f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
             f"sample {state['cursor']})")
-    order = batch_order(len(train_set), s.seed, state["epoch"])
     first = state["step"]
-    while state["step"] < s.total_steps:
-        clock = time.monotonic()
-        if state["cursor"] >= len(order):
-            state["epoch"] += 1
-            state["cursor"] = 0
-            order = batch_order(len(train_set), s.seed, state["epoch"])
-        picked = order[state["cursor"]: state["cursor"] + s.batch_size]
-        state["cursor"] += s.batch_size
-        mine = picked[rank.rank:: rank.world] or picked[:1]
-        batch = _to(collate([train_set[i] for i in mine]), device)
+    stream = prefetched(batch_stream(train_set, s, state["epoch"], state["cursor"], rank,
+                                     s.total_steps - first, feature_dtype(device),
+                                     pin=device.type == "cuda"))
+    clock = time.monotonic()
+    for state["epoch"], state["cursor"], batch in stream:
+        batch = _to(batch, device)
         loss, metrics, grad_norm = training_step(model, batch, params, opt, s.grad_clip, autocast)
         sched.step()
         metrics = summed(metrics, rank, device)
@@ -248,7 +253,51 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
                          "scheduler": sched.state_dict(), "state": dict(state),
                          "rng": torch.get_rng_state(),
                          "history": {"steps": history.steps, "evals": history.evals}})
+        clock = time.monotonic()  # evaluation and saving are not training time
     return history
+
+
+def batch_stream(data: HiddenStates, s: LoopSettings, epoch: int, cursor: int, rank: Rank,
+                 steps: int, dtype: torch.dtype | None, pin: bool
+                 ) -> Iterator[tuple[int, int, dict]]:
+    """(epoch, cursor after it, this rank's collated share) of each of the next `steps` global
+    batches: a seeded shuffle per epoch, so a resumed run sees the batches it would have seen."""
+    order = batch_order(len(data), s.seed, epoch)
+    for _ in range(steps):
+        if cursor >= len(order):
+            epoch, cursor = epoch + 1, 0
+            order = batch_order(len(data), s.seed, epoch)
+        picked = order[cursor: cursor + s.batch_size]
+        cursor += s.batch_size
+        mine = picked[rank.rank:: rank.world] or picked[:1]
+        batch = collate([data[i] for i in mine], dtype)
+        yield epoch, cursor, {k: v.pin_memory() for k, v in batch.items()} if pin else batch
+
+
+def prefetched(items: Iterator, depth: int = 2) -> Iterator:
+    """`items`, produced up to `depth` ahead on a background thread: reading the shards and
+    collating overlap the GPU's step. An error there is raised here, at the item it stopped."""
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+
+    def produce() -> None:
+        try:
+            for item in items:
+                ready.put((True, item))
+            ready.put((True, _END))
+        except BaseException as err:  # handed to the consumer, which raises it
+            ready.put((False, err))
+
+    threading.Thread(target=produce, daemon=True).start()
+    while True:
+        ok, item = ready.get()
+        if not ok:
+            raise item
+        if item is _END:
+            return
+        yield item
+
+
+_END = object()
 
 
 def _to(batch: dict, device: torch.device) -> dict:

@@ -156,14 +156,14 @@ def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tenso
 
     aux [B, T, num_aux * target_hidden]: target features; last_or_logits: the target's logits or
     final hidden state (with `target_lm_head`); input_ids, loss_mask, attention_mask: [B, T].
-    `denominators` maps this batch's valid counts per step [K] to the divisors of its sums; data
-    parallelism passes (global count / world size), so that the ranks' averaged gradient is the
+    `denominators` maps this batch's valid counts per step [K] to the divisors of its sums (at
+    least 1 is the caller's care); data parallelism passes (global count / world size), so that the ranks' averaged gradient is the
     gradient of the mean over the whole global batch however unevenly supervision falls.
     """
     labels = soft_labels(last_or_logits, drafter, target_lm_head)
     valid = valid_positions(labels, loss_mask, attention_mask, ttt_steps)
     counts = torch.stack([v.sum() for v in valid]).float()
-    divisors = (denominators(counts) if denominators else counts).clamp(min=1)
+    divisors = denominators(counts) if denominators else counts.clamp(min=1)
     total, ces, corrects = aux.new_zeros((), dtype=torch.float32), [], []
     for k, logits in enumerate(ttt_unroll(drafter, embed, aux, input_ids, attention_mask,
                                           ttt_steps)):

@@ -6,8 +6,8 @@
 
 Reference (DESIGN.md, SpecForge on one H200 at Llama-3.1-8B shapes): 19,300 tokens/s at batch 1,
 26,100 at batch 4; the goal is 1.5x that. The inputs are what the training loop gives the step:
-a float32 drafter, float32 target embedding and LM head, collated float32 features, bf16 autocast
-on GPU. `labels ms` times the target's soft labels alone (`soft_labels`, part of every step).
+a float32 drafter, float32 target embedding and LM head, collated features (bf16 as stored on
+GPU, float32 on CPU), bf16 autocast on GPU. `labels ms` times the target's soft labels alone (`soft_labels`, part of every step).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import torch
 
 from stages.drafter.layers import default_aux_indices
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
-from stages.drafter.training import Objective, autocast_for, training_step
+from stages.drafter.training import Objective, autocast_for, feature_dtype, training_step
 from stages.drafter.ttt import soft_labels
 from stages.engines.hf import resolve_device
 from tests.perf.bench_extract import (common_arguments, median_seconds, peak_memory_gib,
@@ -41,11 +41,13 @@ def build_objective(shape: str, ttt_steps: int, decay: float, device: torch.devi
 
 def random_batch(cfg: Eagle3Config, batch: int, length: int,
                  device: torch.device) -> dict[str, torch.Tensor]:
-    """A collated batch (see stages.drafter.hidden.collate) with every position supervised."""
+    """A collated batch as the training loop gives it (features bf16 on GPU, as stored; fp32 on
+    CPU: stages.drafter.training.feature_dtype), every position supervised."""
+    dtype = feature_dtype(device) or torch.bfloat16
     with torch.device(device):
         return {
-            "aux": torch.randn(batch, length, cfg.num_aux * cfg.target_hidden_size),
-            "last": torch.randn(batch, length, cfg.target_hidden_size),
+            "aux": torch.randn(batch, length, cfg.num_aux * cfg.target_hidden_size, dtype=dtype),
+            "last": torch.randn(batch, length, cfg.target_hidden_size, dtype=dtype),
             "input_ids": torch.randint(cfg.vocab_size, (batch, length)),
             "loss_mask": torch.ones(batch, length, dtype=torch.bool),
             "attention_mask": torch.ones(batch, length, dtype=torch.bool),
