@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 
 import pytest
 import torch
 
-from tests.perf import bench_extract, bench_train
+from tests.perf import bench_extract, bench_multi_gpu, bench_train
 
 TINY = ["--shape", "tiny", "--device", "cpu", "--batches", "1x32", "2x16",
         "--warmup", "1", "--repeat", "2"]
@@ -69,3 +70,22 @@ def test_batch_shape_names_the_expected_form():
     assert bench_extract.batch_shape("4x2048") == (4, 2048)
     with pytest.raises(argparse.ArgumentTypeError, match="batch x length"):
         bench_extract.batch_shape("4by2048")
+
+
+def test_bench_multi_gpu_compares_two_processes_with_one(tmp_path, capsys, monkeypatch):
+    """The real stages by 1 process and by torchrun (gloo on CPU): equal shards, equal curves."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    bench_multi_gpu.main(["--world", "2", "--shape", "tiny", "--device", "cpu", "--samples", "24",
+                          "--lengths", "16", "48", "--train-steps", "6", "--batch", "4",
+                          "--batch-tokens", "256", "--work", str(tmp_path / "work"),
+                          "--out", str(tmp_path / "out")])
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    equality = results["extract_equality"]
+    assert equality["bitwise_equal"] == equality["shards"] >= 8
+    assert results["train_loss_gap"] < 1e-4  # fp32 on CPU: equal up to summation order
+    assert results["train_2"]["global_batch"] == 4 and results["train_2-scaled"]["global_batch"] == 8
+    rows = printed_table(capsys.readouterr().out, "run")
+    assert [(r["run"], r["processes"]) for r in rows] == [
+        ("extract", "1"), ("extract", "2"), ("train", "1"), ("train, same global batch", "2"),
+        ("train, same batch per GPU", "2"), ("train, resumed by 1", "1")]
+    assert all(number(r["tokens/s"]) > 0 for r in rows if r["tokens/s"] != "-")
