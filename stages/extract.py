@@ -52,7 +52,7 @@ def plan_shards(merged_dir: Path, splits: list[str], shard_tokens: int) -> list[
 def load_rows(merged_dir: Path, split: str, wanted: set[str]) -> dict[str, dict]:
     rows = {}
     for batch in pq.ParquetFile(merged_dir / f"{split}.parquet").iter_batches(
-            columns=["sample_id", "input_ids", "loss_start"]):
+            columns=["sample_id", "input_ids", "loss_spans"]):
         ids = batch.column("sample_id").to_pylist()
         keep = [i for i, sid in enumerate(ids) if sid in wanted]
         if keep:
@@ -86,6 +86,14 @@ def length_batches(rows: list[dict], batch_tokens: int) -> list[list[dict]]:
     return batches + ([current] if current else [])
 
 
+def span_mask(length: int, spans: list[list[int]]) -> torch.Tensor:
+    """1 at the positions of the [start, end) spans trained on (the target's own turns)."""
+    mask = torch.zeros(length, dtype=torch.uint8)
+    for start, end in spans:
+        mask[start:end] = 1
+    return mask
+
+
 def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: int,
                   dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
     feats = {}
@@ -102,8 +110,7 @@ def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: i
             feats[r["sample_id"]] = (aux[b, :n].to("cpu", dtype), last[b, :n].to("cpu", dtype))
     order = [r["sample_id"] for r in rows]
     input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
-    loss_mask = torch.cat([(torch.arange(len(r["input_ids"])) >= r["loss_start"]).to(torch.uint8)
-                           for r in rows])
+    loss_mask = torch.cat([span_mask(len(r["input_ids"]), r["loss_spans"]) for r in rows])
     return {"aux": torch.cat([feats[s][0] for s in order]),
             "last": torch.cat([feats[s][1] for s in order]),
             "input_ids": input_ids, "loss_mask": loss_mask}
