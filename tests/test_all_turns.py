@@ -15,7 +15,7 @@ from stages.cli import StageError
 from stages.engines.hf import HFEngine, load_causal_lm
 from stages.engines.hf_server import HFServer, model_eos_ids
 from stages.extract import span_mask
-from stages.generate import generate_dataset, make_engine
+from stages.generate import generate_dataset
 from stages.merge import merge
 from stages.prep import prepare
 from stages.raw import read_raw
@@ -165,7 +165,8 @@ def test_each_turn_continues_the_ids_of_the_turn_before(reference, prompts, eot)
             assert row["prompt_ids"] == sent[f"{sid}@turn{k + 1}"]  # exactly what was sent
             if k:
                 before = rows[k - 1]
-                assert row["prompt_ids"] == (before["prompt_ids"] + closed(before["output_ids"], eot)
+                assert row["prompt_ids"] == (before["prompt_ids"]
+                                             + closed(before["output_ids"], eot)
                                              + deltas[sid][k - 1])
     reasons = {r["finish_reason"] for rows in turns.values() for r in rows}
     assert reasons == {"stop", "length"}  # both ends of a turn are continued from
@@ -180,7 +181,7 @@ def test_merge_gives_one_sequence_with_exactly_the_target_turns_supervised(refer
     for sid, rows in turns_of(out).items():
         row, last = merged[sid], rows[-1]
         assert row["input_ids"] == last["prompt_ids"] + last["output_ids"]
-        assert row["loss_spans"] == [[len(r["prompt_ids"]), len(r["prompt_ids"]) + len(r["output_ids"])]
+        assert row["loss_spans"] == [[r["prompt_len"], r["prompt_len"] + len(r["output_ids"])]
                                      for r in rows]
         for r, (start, end) in zip(rows, row["loss_spans"]):
             assert row["input_ids"][:start] == sent[f"{sid}@turn{r['turn']}"]
@@ -230,6 +231,18 @@ def same(turns):
             for sid, rows in turns.items()}
 
 
+def test_the_budget_counts_every_turn_and_a_raised_one_finishes_the_conversations(
+        reference, prompts, hf_engine, tmp_path):
+    out = tmp_path / "chat"
+    first = generate_dataset("chat", prompts[0], out, GEN, 60, TARGET, hf_engine)
+    stored = [r for rows in turns_of(out).values() for r in rows]
+    assert first["budget_reached"] and len(stored) == first["turns"] < 8
+    assert first["tokens"] == sum(r["completion_tokens"] for r in stored)
+    raised = generate_dataset("chat", prompts[0], out, GEN, 10**6, TARGET, hf_engine)
+    assert raised["new_turns"] == 8 - first["turns"]
+    assert same(turns_of(out)) == same(turns_of(reference[0]))
+
+
 def test_a_turn_over_the_prompt_limit_ends_the_conversation(reference, prompts, hf_engine,
                                                            tmp_path):
     full = same(turns_of(reference[0]))
@@ -270,25 +283,26 @@ def test_mt_bench_regenerates_both_questions(tmp_path, hf_engine, tok, eot):
     source = SHARED / "data" / "mt_bench" / "question.jsonl"
     questions = {str(json.loads(line)["question_id"]): json.loads(line)["turns"]
                  for line in source.read_text().splitlines()}
-    runs = {}
-    for mode in ("last_turn", "all_turns"):
+    runs, reports = {}, {}
+    for mode in ("last_turn", "all_turns"):  # into one directory: the mode is in the fingerprint
         prep = config.PrepParams(format="mt_bench", path=str(source), max_samples=3,
                                  max_prompt_tokens=1024, regenerate=mode)
         prepare("mt", prep, config.ExpectParams(), TARGET, tmp_path / f"{mode}.parquet",
                 tmp_path / f"{mode}.json")
-        generate_dataset("mt", tmp_path / f"{mode}.parquet", tmp_path / mode, GEN, 10**6, TARGET,
-                         hf_engine)
-        runs[mode] = turns_of(tmp_path / mode)
+        reports[mode] = generate_dataset("mt", tmp_path / f"{mode}.parquet", tmp_path / "mt",
+                                         GEN, 10**6, TARGET, hf_engine)
+        runs[mode] = turns_of(tmp_path / "mt")
     assert runs["last_turn"].keys() == runs["all_turns"].keys() and len(runs["last_turn"]) == 3
+    assert reports["all_turns"]["new_turns"] == reports["all_turns"]["turns"] == 6
     for sid, (single,) in runs["last_turn"].items():
         first, second = runs["all_turns"][sid]
         q1, q2 = questions[sid.split("/")[1]]
         assert single["prompt_ids"] == first["prompt_ids"] == render_prompt(
             tok, [{"role": "user", "content": q1}], None, {})
-        assert second["prompt_ids"][:first["prompt_len"] + first["completion_tokens"]] == \
-            first["prompt_ids"] + first["output_ids"]
-        added = second["prompt_ids"][len(first["prompt_ids"]) + len(closed(first["output_ids"], eot)):]
-        assert added == render_prompt(tok, [{"role": "user", "content": q2}], None, {})
+        context = first["prompt_ids"] + closed(first["output_ids"], eot)
+        assert second["prompt_ids"][:len(context)] == context
+        assert second["prompt_ids"][len(context):] == render_prompt(
+            tok, [{"role": "user", "content": q2}], None, {})
 
 
 def test_prep_refuses_a_template_that_rewrites_earlier_turns(prompts, tmp_path):

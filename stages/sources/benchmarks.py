@@ -6,8 +6,8 @@ are left out).
 - HumanEval: `task_id, prompt, canonical_solution, test, entry_point` (the prompt is the code stub,
   sent as is)
 - MT-bench: `question_id, category, turns` (two user turns). Each later question follows a reply
-  the dataset does not have: the target writes it when prep rewrites every turn
-  (`regenerate: all_turns`); otherwise the prompt is the first question.
+  the dataset does not have: the target writes it when every turn is rewritten (`turn_bounds`);
+  the prompt for the last turn alone (`prompt_messages`) is the first question.
 """
 from collections.abc import Mapping
 
