@@ -40,10 +40,10 @@ from .target import load_tokenizer, render_prompt, server_command, start_launche
 
 def eval_prompts(eval_file: Path, limit: int) -> dict[str, list[list[int]]]:
     prompts: dict[str, list[list[int]]] = {}
-    for row in pq.read_table(eval_file, columns=["dataset", "input_ids", "loss_start"]).to_pylist():
+    for row in pq.read_table(eval_file, columns=["dataset", "input_ids", "loss_spans"]).to_pylist():
         group = prompts.setdefault(row["dataset"], [])
-        if len(group) < limit:
-            group.append(row["input_ids"][: row["loss_start"]])
+        if len(group) < limit:  # the first turn's prompt
+            group.append(row["input_ids"][: row["loss_spans"][0][0]])
     return prompts
 
 

@@ -40,9 +40,12 @@ class PrepParams:
     path: str
     columns: dict | None = None
     max_samples: int | None = None
-    max_prompt_tokens: int = 2048
+    max_prompt_tokens: int = 2048  # all_turns: the limit of every turn's prompt
     skip_bad_rows: bool = False
     seed: int = 0
+    # last_turn: the target writes the reply to the last user turn or tool result;
+    # all_turns: every assistant turn in order, each on the target's own earlier turns
+    regenerate: Literal["last_turn", "all_turns"] = "last_turn"
 
 
 @dataclass(frozen=True)

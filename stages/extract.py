@@ -63,7 +63,7 @@ def shard_rows(merged_dir: Path, plan: list[list[dict]], wanted: list[int]
     current, rows = None, []
     for split in splits:
         for batch in pq.ParquetFile(merged_dir / f"{split}.parquet").iter_batches(
-                columns=["sample_id", "input_ids", "loss_start"]):
+                columns=["sample_id", "input_ids", "loss_spans"]):
             for row in batch.to_pylist():
                 k = owner.get((split, row["sample_id"]))
                 if k is None:
@@ -100,6 +100,14 @@ def length_batches(rows: list[dict], batch_tokens: int) -> list[list[dict]]:
             current = []
         current.append(row)
     return batches + ([current] if current else [])
+
+
+def span_mask(length: int, spans: list[list[int]]) -> torch.Tensor:
+    """1 at the positions of the [start, end) spans trained on (the target's own turns)."""
+    mask = torch.zeros(length, dtype=torch.uint8)
+    for start, end in spans:
+        mask[start:end] = 1
+    return mask
 
 
 class FeatureBuffers:
@@ -140,8 +148,7 @@ def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: i
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()  # the copies have landed
     input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
-    loss_mask = torch.cat([(torch.arange(len(r["input_ids"])) >= r["loss_start"]).to(torch.uint8)
-                           for r in rows])
+    loss_mask = torch.cat([span_mask(len(r["input_ids"]), r["loss_spans"]) for r in rows])
     return {"aux": aux_out, "last": last_out, "input_ids": input_ids, "loss_mask": loss_mask}
 
 

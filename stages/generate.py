@@ -1,8 +1,9 @@
 """generate@<dataset>: prompt ids -> the target's raw output ids, resumable, within a token budget.
 
 Reads params `target`, `generate` and `datasets.<name>.generate`. Output data/raw/<name>/ persists
-across runs: samples already generated under the same fingerprint (model, template, sampling) are
-skipped, a changed fingerprint starts the dataset over. Writes reports/generate/<name>.json.
+across runs: turns already generated under the same fingerprint (model, template, sampling,
+regenerate mode) are skipped and conversations continue where they stopped; a changed
+fingerprint starts the dataset over. Writes reports/generate/<name>.json.
 """
 from __future__ import annotations
 
@@ -14,17 +15,18 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from . import config
 from .cli import StageError, run
 from .engines import Completion, Sampling
 from .io import write_json
 from .monitor import Backlog, GenerationMonitor, run_backlog
-from .raw import RAW_SCHEMA, append_part, compact, read_raw
+from .prompts import read_prompts
+from .raw import RAW_SCHEMA, append_part, compact, last_turns, read_raw
 from .target import (load_tokenizer, model_fingerprint, pad_id, server_command, start_launched,
                      token_roles)
 from .tokens import TokenRoles, analyze_output
+from .turns import TurnQueue
 
 
 def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
@@ -33,9 +35,10 @@ def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
                     stop_ids=tuple(roles.stop_ids))
 
 
-def fingerprint(target: config.TargetParams, sampling: Sampling) -> str:
+def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str) -> str:
     """Everything that shapes the generated tokens; a change regenerates the dataset."""
-    payload = json.dumps([model_fingerprint(target), sampling.__dict__], sort_keys=True)
+    payload = json.dumps([model_fingerprint(target), sampling.__dict__, regenerate],
+                         sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -72,36 +75,38 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
     tokenizer = load_tokenizer(target)
     roles = token_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
-    fp = fingerprint(target, sampling)
-    prompts = pq.read_table(prompts_path)
+    prompts, settings = read_prompts(prompts_path)
+    fp = fingerprint(target, sampling, settings.regenerate)
 
     existing = read_raw(out_dir)
     if existing.num_rows and set(existing.column("fingerprint").to_pylist()) != {fp}:
-        print(f"[generate {name}] model, template or sampling changed: regenerating {name}")
+        print(f"[generate {name}] model, template, sampling or regenerate mode changed: "
+              f"regenerating {name}")
         shutil.rmtree(out_dir)
         existing = RAW_SCHEMA.empty_table()
-    wanted = set(prompts.column("sample_id").to_pylist())
-    existing = existing.filter(pc.is_in(existing.column("sample_id"), pa.array(sorted(wanted))))
-    done_ids = set(existing.column("sample_id").to_pylist())
+    wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
+    existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
     used = pc.sum(existing.column("completion_tokens")).as_py() or 0
-    pending = [r for r in prompts.to_pylist() if r["sample_id"] not in done_ids]
-    by_id = {r["sample_id"]: r for r in pending}
-
+    queue = TurnQueue(prompts.to_pylist(), last_turns(existing, settings.all_turns), settings,
+                      roles)
     state = dict(tokens=used, new=0)
 
     def requests():
-        for r in pending:
-            if state["tokens"] >= budget_tokens:
+        """Ready turns while the budget lasts; None while the next ones wait on replies."""
+        while state["tokens"] < budget_tokens:
+            request = queue.next_request()
+            if request is None and not queue.in_flight:
                 return
-            yield r["sample_id"], r["prompt_ids"]
+            yield request
 
     engine = engine or make_engine(gen, target, tokenizer)
-    monitor = GenerationMonitor(name, len(wanted), len(done_ids), budget_tokens, used, others,
-                                getattr(engine, "urls", ()))
+    monitor = GenerationMonitor(name, queue.planned_turns, existing.num_rows, budget_tokens, used,
+                                others, getattr(engine, "urls", ()))
     buffer: list[dict] = []
     start = time.monotonic()
     for done in engine.generate(requests(), sampling):
-        buffer.append(completion_row(by_id[done.sample_id], done, roles, engine.name, fp, tokenizer))
+        prompt = queue.complete(done)
+        buffer.append(completion_row(prompt, done, roles, engine.name, fp, tokenizer))
         state["tokens"] += len(done.output_ids)
         state["new"] += 1
         monitor.update(done)
@@ -113,14 +118,18 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
     monitor.print()
     elapsed = time.monotonic() - start
     table = read_raw(out_dir) if out_dir.exists() else RAW_SCHEMA.empty_table()
-    table = table.filter(pc.is_in(table.column("sample_id"), pa.array(sorted(wanted))))
+    table = table.filter(pc.is_in(table.column("sample_id"), wanted))
     compact(out_dir, table)
 
     new_tokens = state["tokens"] - used
     reasons = table.column("finish_reason").to_pylist()
+    samples = pc.count_distinct(table.column("sample_id")).as_py()
     return {
-        "dataset": name, "samples": table.num_rows, "prompts": len(wanted),
-        "new_samples": state["new"], "tokens": state["tokens"], "budget_tokens": budget_tokens,
+        "dataset": name, "samples": samples, "prompts": len(wanted),
+        "new_samples": samples - pc.count_distinct(existing.column("sample_id")).as_py(),
+        "turns": table.num_rows, "new_turns": state["new"],
+        "stopped_at_prompt_limit": queue.stopped_at_limit,
+        "tokens": state["tokens"], "budget_tokens": budget_tokens,
         "budget_overshoot_tokens": max(state["tokens"] - budget_tokens, 0),
         "budget_reached": state["tokens"] >= budget_tokens,
         "failed": reasons.count("abort"),

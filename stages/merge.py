@@ -1,8 +1,10 @@
 """merge: every dataset's raw generations -> data/merged/{train,eval}.parquet.
 
-Reads params `merge`. Dedupes prompts across datasets, joins prompt and output ids into
-`input_ids` with `loss_start` (the first supervised position), splits eval by a seeded hash and
-shuffles deterministically. DuckDB streams the Parquet files; nothing goes through Python lists.
+Reads params `merge`. One training sequence per sample: `input_ids` are its last usable turn's
+prompt and output (which hold every turn before it, id for id) and `loss_spans` the [start, end)
+of each turn's output, the positions trained on. Dedupes prompts across datasets, splits eval by
+a seeded hash and shuffles deterministically. DuckDB streams the Parquet files; nothing goes
+through Python lists.
 """
 from __future__ import annotations
 
@@ -11,8 +13,12 @@ from pathlib import Path
 from . import config
 from .cli import StageError, run
 from .io import atomic_path, write_json
-from .queries import open_samples, sql
+from .queries import open_samples, rows, sql
 from .raw import parts
+
+COLUMNS = "sample_id, dataset, input_ids, loss_spans, length, truncated, split"
+COUNTS = ("samples", "duplicates", "tokens", "supervised_tokens", "turns", "truncated",
+          "shortened")
 
 
 def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> dict:
@@ -24,24 +30,21 @@ def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> di
     con.execute(f"CREATE TEMP TABLE merged AS {sql('merge')}",
                 dict(max_length=params.max_length, seed=str(params.seed),
                      eval_fraction=params.eval_fraction))
+    misplaced = rows(con, "misplaced_turns")
+    if misplaced:
+        where = ", ".join(f"{r['sample_id']} turn {r['turn']}" for r in misplaced)
+        raise StageError(f"merge: turns whose ids are not the start of their sample's later "
+                         f"turns ({where}): the raw data mixes runs; delete data/raw/"
+                         f"{misplaced[0]['dataset']} and generate it again")
     for split in ("train", "eval"):
         with atomic_path(out_dir / f"{split}.parquet") as tmp:
-            con.execute(f"COPY (SELECT sample_id, dataset, input_ids, loss_start, length, truncated, "
-                        f"split FROM merged WHERE NOT duplicate AND split = '{split}') "
-                        f"TO '{tmp}' (FORMAT parquet, COMPRESSION zstd)")
-    per = con.execute("""
-        SELECT dataset, split, count(*) FILTER (WHERE NOT duplicate) AS samples,
-               count(*) FILTER (WHERE duplicate) AS duplicates,
-               sum(length) FILTER (WHERE NOT duplicate) AS tokens,
-               sum(length - loss_start) FILTER (WHERE NOT duplicate) AS supervised_tokens,
-               count(*) FILTER (WHERE truncated AND NOT duplicate) AS truncated
-        FROM merged GROUP BY ALL ORDER BY ALL""").fetchall()
+            con.execute(f"COPY (SELECT {COLUMNS} FROM merged WHERE NOT duplicate AND "
+                        f"split = '{split}') TO '{tmp}' (FORMAT parquet, COMPRESSION zstd)")
+    per = rows(con, "merged_counts")
     totals: dict = {"train": {}, "eval": {}}
-    for dataset, split, samples, dups, tokens, supervised, truncated in per:
-        totals[split][dataset] = dict(samples=samples, duplicates=dups, tokens=int(tokens or 0),
-                                      supervised_tokens=int(supervised or 0), truncated=truncated)
-    summary = {split: {k: sum(d[k] for d in by.values())
-                       for k in ("samples", "duplicates", "tokens", "supervised_tokens")}
+    for r in per:
+        totals[r["split"]][r["dataset"]] = {k: int(r[k] or 0) for k in COUNTS}
+    summary = {split: {k: sum(d[k] for d in by.values()) for k in COUNTS}
                for split, by in totals.items()}
     if not summary["train"]["samples"]:
         raise StageError("merge: the train split is empty; lower merge.eval_fraction or "

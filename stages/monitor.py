@@ -45,8 +45,10 @@ def backlog(dataset: str, budget_tokens: int, prompts_path: Path, raw_dir: Path)
     prompts = pq.ParquetFile(prompts_path).metadata.num_rows if prompts_path.exists() else 0
     samples = tokens = 0
     if files := parts(raw_dir):
-        done = pa.concat_tables(pq.read_table(f, columns=["completion_tokens"]) for f in files)
-        samples, tokens = done.num_rows, pc.sum(done.column("completion_tokens")).as_py() or 0
+        done = pa.concat_tables(pq.read_table(f, columns=["sample_id", "completion_tokens"])
+                                for f in files)
+        samples = pc.count_distinct(done.column("sample_id")).as_py()
+        tokens = pc.sum(done.column("completion_tokens")).as_py() or 0
     return Backlog(dataset, max(prompts - samples, 0), max(budget_tokens - tokens, 0))
 
 

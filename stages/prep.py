@@ -1,7 +1,10 @@
 """prep@<dataset>: source rows -> chat messages -> the target's chat template -> prompt token ids.
 
-Reads params `target` and `datasets.<name>.prep`. Writes data/prompts/<name>.parquet and
-reports/prep/<name>.json (rows read, malformed, duplicate, too long, kept).
+Reads params `target`, `datasets.<name>.prep` and `datasets.<name>.expect.reasoning` (every
+generation prompt must end as it promises, stages/template.py). With `regenerate: all_turns` each
+conversation also gets the ids the template adds between its turns. Writes
+data/prompts/<name>.parquet and reports/prep/<name>.json (rows read, malformed, duplicate, too
+long, kept, turns).
 """
 from __future__ import annotations
 
@@ -10,19 +13,13 @@ import heapq
 import json
 from pathlib import Path
 
-import pyarrow as pa
-
 from . import config
 from .cli import StageError, run
-from .io import write_json, write_parquet
-from .sources import SourceError, prompt_messages, read_conversations
-from .target import load_tokenizer, render_prompt, token_roles
-
-PROMPTS_SCHEMA = pa.schema([
-    ("sample_id", pa.string()), ("dataset", pa.string()), ("messages", pa.string()),
-    ("tools", pa.string()), ("prompt_ids", pa.list_(pa.int32())), ("prompt_len", pa.int32()),
-    ("reasoning_open", pa.bool_()),
-])
+from .io import write_json
+from .prompts import PromptSettings, write_prompts
+from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
+from .target import load_tokenizer, token_roles
+from .template import ChatTemplate, TemplateError
 
 
 def normalized_key(messages: list[dict], tools: list | None) -> str:
@@ -31,11 +28,22 @@ def normalized_key(messages: list[dict], tools: list | None) -> str:
     return hashlib.sha256(" ".join(text.lower().split()).encode()).hexdigest()
 
 
-def prepare(name: str, prep: config.PrepParams, target: config.TargetParams,
-            out: Path, report: Path) -> dict:
+def turn_messages(messages: list[dict], all_turns: bool) -> list[tuple[int, int]]:
+    """The (start, end) of the messages before each turn the target writes: every turn, or the
+    last one alone."""
+    return turn_bounds(messages) if all_turns else [(0, len(prompt_messages(messages)))]
+
+
+def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
+            target: config.TargetParams, out: Path, report: Path) -> dict:
     tokenizer = load_tokenizer(target)
     roles = token_roles(target, tokenizer)
-    counts = dict(rows=0, malformed=0, duplicate=0, too_long=0, sampled_out=0, kept=0)
+    all_turns = prep.regenerate == "all_turns"
+    try:
+        template = ChatTemplate(tokenizer, roles, target, name, expect.reasoning, all_turns)
+    except TemplateError as err:
+        raise StageError(str(err)) from None
+    counts = dict(rows=0, malformed=0, duplicate=0, too_long=0, sampled_out=0, kept=0, turns=0)
     seen: set[str] = set()
     ids_seen: set[str] = set()
     keep: list[tuple[int, str, dict]] = []  # max-heap by -rank: the N lowest seeded ranks
@@ -51,13 +59,14 @@ def prepare(name: str, prep: config.PrepParams, target: config.TargetParams,
         counts["rows"] += 1
         sample_id = f"{name}/{conv.source_id}"
         try:
-            messages = prompt_messages(conv.messages)
+            bounds = turn_messages(conv.messages, all_turns)
         except ValueError as err:
             bad = SourceError(prep.path, None, f"{sample_id}: {err}")
             if not prep.skip_bad_rows:
                 raise bad from None
             on_bad_row(bad)
             continue
+        messages = conv.messages[:bounds[-1][1]]
         key = normalized_key(messages, conv.tools)
         if key in seen:
             counts["duplicate"] += 1
@@ -66,7 +75,11 @@ def prepare(name: str, prep: config.PrepParams, target: config.TargetParams,
         if sample_id in ids_seen:  # a source id reused for different content: keep both, apart
             sample_id = f"{sample_id}~{key[:8]}"
         ids_seen.add(sample_id)
-        ids = render_prompt(tokenizer, messages, conv.tools, target.template_kwargs)
+        try:
+            plan = template.plan([conv.messages[a:b] for a, b in bounds], conv.tools)
+        except TemplateError as err:
+            raise StageError(f"{err} (sample {sample_id} of {prep.path})") from None
+        ids = plan.prompt_ids
         if len(ids) > prep.max_prompt_tokens:
             counts["too_long"] += 1
             continue
@@ -75,7 +88,8 @@ def prepare(name: str, prep: config.PrepParams, target: config.TargetParams,
                    messages=json.dumps(messages, ensure_ascii=False),
                    tools=None if conv.tools is None else json.dumps(conv.tools, ensure_ascii=False),
                    prompt_ids=ids, prompt_len=len(ids),
-                   reasoning_open=roles.think is not None and ids[-1] == roles.think)
+                   reasoning_open=roles.think is not None and ids[-1] == roles.think,
+                   turn_deltas=plan.deltas)
         heapq.heappush(keep, (-rank, sample_id, row))
         if prep.max_samples is not None and len(keep) > prep.max_samples:
             heapq.heappop(keep)
@@ -85,7 +99,8 @@ def prepare(name: str, prep: config.PrepParams, target: config.TargetParams,
                          f"({counts}); check datasets.{name}.prep (format, path, max_prompt_tokens)")
     selected = sorted((row for _, _, row in keep), key=lambda r: r["sample_id"])
     counts["kept"] = len(selected)
-    write_parquet(pa.Table.from_pylist(selected, schema=PROMPTS_SCHEMA), out)
+    counts["turns"] = sum(1 + len(row["turn_deltas"]) for row in selected)
+    write_prompts(selected, out, PromptSettings(prep.regenerate, prep.max_prompt_tokens))
     write_json({"dataset": name, **counts, "malformed_examples": malformed[:5]}, report)
     return counts
 
@@ -95,7 +110,7 @@ def main(dataset: str, params: Path = config.PARAMS_FILE,
     """Build the prompt ids of one dataset."""
     ds = config.dataset(dataset, params)
     target = config.section(config.TargetParams, "target", params)
-    counts = prepare(dataset, ds.prep, target, out_dir / f"{dataset}.parquet",
+    counts = prepare(dataset, ds.prep, ds.expect, target, out_dir / f"{dataset}.parquet",
                      report_dir / f"{dataset}.json")
     print(f"[prep {dataset}] " + "  ".join(f"{k} {v}" for k, v in counts.items()))
 

@@ -1,5 +1,8 @@
 """quality: DuckDB questions over the raw generations, and a gate before the expensive stages.
 
+The questions count generated turns (one per sample, or every turn with regenerate: all_turns):
+reasoning, truncation and tool calls are properties of each reply.
+
 Reads params `quality` and `datasets` (what each dataset is expected to contain, and its budget).
 Writes reports/quality.json (DVC metrics), reports/quality.md and reports/plots/lengths.csv; fails
 with the dataset and the number when a threshold is not met, so a capture bug (reasoning lost,
@@ -19,7 +22,7 @@ from .raw import parts
 
 HISTOGRAM_COLUMNS = ["dataset", "measure", "bucket", "bucket_start", "samples"]
 QUESTIONS = ("length_distribution", "reasoning_presence", "finish_reasons",
-             "tool_call_integrity", "duplicates", "budget_used")
+             "tool_call_integrity", "duplicates", "turns_per_sample", "budget_used")
 
 
 def answer(raw_dirs: dict[str, Path], budgets: dict[str, int], buckets: int) -> dict:
@@ -78,7 +81,7 @@ def metrics(answers: dict, prep_reports: dict[str, dict], failures: list[str]) -
     for name, prep in prep_reports.items():
         entry = {k: prep.get(k) for k in ("rows", "kept", "duplicate", "too_long", "malformed")}
         for q in ("reasoning_presence", "finish_reasons", "tool_call_integrity", "duplicates",
-                  "budget_used"):
+                  "turns_per_sample", "budget_used"):
             row = next((r for r in answers[q] if r["dataset"] == name), {})
             entry.update({k: _plain(v) for k, v in row.items() if k != "dataset"})
         for r in answers["length_distribution"]:
@@ -107,7 +110,8 @@ def markdown(answers: dict, prep_reports: dict, failures: list[str]) -> str:
     titles = {"length_distribution": "Length distributions (tokens)",
               "reasoning_presence": "Reasoning presence", "finish_reasons": "Finish reasons",
               "tool_call_integrity": "Tool-call integrity",
-              "duplicates": "Duplicate prompts", "budget_used": "Token budget used"}
+              "duplicates": "Duplicate prompts", "turns_per_sample": "Turns per sample",
+              "budget_used": "Token budget used"}
     for q, title in titles.items():
         lines += ["", f"## {title}", ""] + _table(answers[q])
     return "\n".join(lines) + "\n"

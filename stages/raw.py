@@ -1,7 +1,9 @@
 """The raw-generation artifact: a directory of Parquet parts, appended atomically.
 
-A generation run appends a part every few samples, so a kill loses at most the requests in flight;
-the rerun reads the parts, skips what is done and compacts them into one part when it completes.
+One row per generated turn: `turn` 1 is a sample's first reply (its only one in last_turn mode),
+and turn k+1's prompt holds turn k's prompt and output (stages/turns.py). A generation run
+appends a part every few replies, so a kill loses at most the requests in flight; the rerun
+reads the parts, skips what is done and compacts them into one part when it completes.
 """
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import pyarrow.parquet as pq
 from .io import write_parquet
 
 RAW_SCHEMA = pa.schema([
-    ("sample_id", pa.string()), ("dataset", pa.string()), ("messages", pa.string()),
+    ("sample_id", pa.string()), ("dataset", pa.string()), ("turn", pa.int32()),
+    ("messages", pa.string()),
     ("tools", pa.string()), ("prompt_ids", pa.list_(pa.int32())), ("prompt_len", pa.int32()),
     ("reasoning_open", pa.bool_()),
     ("output_ids", pa.list_(pa.int32())), ("finish_reason", pa.string()),
@@ -32,16 +35,16 @@ def parts(directory: Path) -> list[Path]:
 
 
 def read_raw(directory: Path) -> pa.Table:
-    """All rows of the parts, the first copy of each sample_id kept."""
+    """All rows of the parts, the first copy of each sample's turn kept."""
     files = parts(directory)
     if not files:
         return RAW_SCHEMA.empty_table()
     table = pa.concat_tables(pq.read_table(f, schema=RAW_SCHEMA) for f in files)
-    ids = table.column("sample_id").to_pylist()
+    keys = zip(table.column("sample_id").to_pylist(), table.column("turn").to_pylist())
     first = {}
-    for i, sid in enumerate(ids):
-        first.setdefault(sid, i)
-    if len(first) == len(ids):
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    if len(first) == table.num_rows:
         return table
     return table.take(sorted(first.values()))
 
@@ -63,3 +66,18 @@ def compact(directory: Path, table: pa.Table) -> None:
     for p in old:
         if p != new:
             p.unlink()
+
+
+def last_turns(table: pa.Table, with_ids: bool) -> dict[str, tuple[int, dict]]:
+    """Per sample id: how many turns are stored (turns are stored in order, each requested only
+    after the one before it came back), and the last of them, with its prompt and output ids
+    when a later turn may be built from them."""
+    turns = table.column("turn").to_pylist()
+    last: dict[str, int] = {}
+    for i, sample_id in enumerate(table.column("sample_id").to_pylist()):
+        if sample_id not in last or turns[i] > turns[last[sample_id]]:
+            last[sample_id] = i
+    columns = ["sample_id", "turn", "finish_reason"] + (["prompt_ids", "output_ids"] if with_ids
+                                                         else [])
+    rows = table.select(columns).take(pa.array(list(last.values()), pa.int64())).to_pylist()
+    return {r["sample_id"]: (r["turn"], r) for r in rows}

@@ -47,10 +47,11 @@ def start_launched(launch: SGLangLaunchParams, command: list[str]):
                         launch.health_timeout_s, launch.log_file)
 
 
-def render_prompt(tokenizer, messages: list[dict], tools: list | None,
-                  template_kwargs: dict) -> list[int]:
-    """Prompt ids exactly as serving builds them: the chat template with the generation prompt."""
-    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+def render_prompt(tokenizer, messages: list[dict], tools: list | None, template_kwargs: dict,
+                  generation: bool = True) -> list[int]:
+    """Prompt ids exactly as serving builds them: the chat template with the generation prompt
+    (or, with generation False, the conversation alone)."""
+    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation,
                                          tokenize=True, return_dict=False, **template_kwargs)
 
 

@@ -13,7 +13,7 @@ def raw_row(dataset: str, n: int, *, prompt: str | None = None, prompt_len: int 
             tool_calls: int = 0, balanced: bool = True, tools: bool = False) -> dict:
     text = prompt if prompt is not None else f"{dataset} question {n}"
     return dict(
-        sample_id=f"{dataset}/{n}", dataset=dataset,
+        sample_id=f"{dataset}/{n}", dataset=dataset, turn=1,
         messages=json.dumps([{"role": "user", "content": text}]),
         tools=json.dumps([{"type": "function"}]) if tools else None,
         prompt_ids=list(range(100, 100 + prompt_len)), prompt_len=prompt_len, reasoning_open=True,

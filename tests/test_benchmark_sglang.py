@@ -90,9 +90,9 @@ def prompts(target, tokenizer) -> dict[str, list[list[int]]]:
 
 @pytest.fixture(scope="module")
 def eval_file(tmp_path_factory, prompts) -> Path:
-    """The merge stage's eval split: prompt + reply ids, supervised from loss_start."""
+    """The merge stage's eval split: prompt + reply ids, the reply supervised."""
     rows = [{"sample_id": f"{name}/{i}", "dataset": name, "input_ids": ids + [5, 6, 7],
-             "loss_start": len(ids), "split": "eval"}
+             "loss_spans": [[len(ids), len(ids) + 3]], "split": "eval"}
             for name, group in prompts.items() for i, ids in enumerate(group)]
     path = tmp_path_factory.mktemp("merged") / "eval.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)

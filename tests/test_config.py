@@ -44,6 +44,12 @@ def test_datasets_nested_validation(tmp_path):
     assert a.generate.budget_tokens == 10 and a.expect.reasoning and not a.expect.tool_calls
     with pytest.raises(config.ParamsError, match=r"datasets.c: no such dataset; defined: \['a'\]"):
         config.dataset("c", p)
+    assert a.prep.regenerate == "last_turn"
+    p = write(tmp_path, "datasets:\n  a:\n    prep: {format: sharegpt, path: x.json, "
+                        "regenerate: every_turn}\n")
+    with pytest.raises(config.ParamsError, match=r"datasets.a.prep.regenerate: 'every_turn' is "
+                                                 r"not one of \['last_turn', 'all_turns'\]"):
+        config.datasets(p)
 
 
 def test_missing_params_file(tmp_path):

@@ -30,7 +30,8 @@ VOCAB = 512  # stories260K's vocabulary, all of it in the draft vocabulary
 
 
 def write_merged(out: Path, n_train: int = 8, n_eval: int = 3) -> Path:
-    """Samples of different lengths and different numbers of supervised positions.
+    """Samples of different lengths and different numbers of supervised positions (one to three
+    turns, as regenerate: all_turns gives).
 
     Each rank's share of a global batch then holds a different share of its supervised positions:
     the loss and gradient match one process only if every rank divides by the global count.
@@ -42,9 +43,10 @@ def write_merged(out: Path, n_train: int = 8, n_eval: int = 3) -> Path:
         for i in range(n):
             length = 20 + 5 * i
             ids = [1] + torch.randint(3, VOCAB, (length - 1,), generator=g).tolist()
+            starts = range(6 + (i % 3), length, 12)[:1 + i % 3]
             rows.append(dict(sample_id=f"{split}/{i}", dataset="d", input_ids=ids,
-                             loss_start=6 + (i % 3), length=length, truncated=False,
-                             split=split))
+                             loss_spans=[[s, min(s + 8, length)] for s in starts],
+                             length=length, truncated=False, split=split))
         pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
     return out
 

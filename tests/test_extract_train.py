@@ -30,8 +30,9 @@ def merged(tmp_path, n_train=10, n_eval=3):
         for i in range(n):
             length = 20 + 3 * i
             ids = [1] + torch.randint(3, 512, (length - 1,), generator=g).tolist()
-            rows.append(dict(sample_id=f"{split}/{i}", dataset="d", input_ids=ids, loss_start=6,
-                             length=length, truncated=False, split=split))
+            spans = [[6, 12], [15, length]]  # two turns, the template's ids between them
+            rows.append(dict(sample_id=f"{split}/{i}", dataset="d", input_ids=ids,
+                             loss_spans=spans, length=length, truncated=False, split=split))
         pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
     return out
 
@@ -60,7 +61,8 @@ def test_features_equal_hf_hidden_states(hidden):
     torch.testing.assert_close(sample["aux"], expect_aux, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(sample["last"], ref.hidden_states[-1][0], atol=1e-4, rtol=1e-4)
     assert sample["input_ids"].tolist() == row["input_ids"]
-    assert sample["loss_mask"].tolist() == [0] * 6 + [1] * (row["length"] - 6)
+    assert sample["loss_mask"].tolist() == ([0] * 6 + [1] * 6 + [0] * 3
+                                            + [1] * (row["length"] - 15))
 
 
 def test_extract_resumes_shard_by_shard(hidden, tmp_path):

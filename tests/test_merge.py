@@ -28,7 +28,8 @@ def test_merge_joins_dedupes_splits(tmp_path, raw_dirs):
     assert "a/99" not in ids and ("a/3" in ids) != ("b/98" in ids)
     assert 5 <= ev.num_rows <= 30
     row = train.slice(0, 1).to_pylist()[0]
-    assert row["input_ids"][: row["loss_start"]] == list(range(100, 105))
+    assert row["input_ids"][: row["loss_spans"][0][0]] == list(range(100, 105))
+    assert row["loss_spans"] == [[5, row["length"]]]
     assert len(row["input_ids"]) == row["length"] == 5 + (6 if row["dataset"] == "a" else 10)
     assert metrics["summary"]["train"]["samples"] == train.num_rows
     assert sum(d["duplicates"] for s in metrics["per_dataset"].values() for d in s.values()) == 1

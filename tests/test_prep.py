@@ -6,7 +6,8 @@ import yaml
 from transformers import AutoTokenizer
 
 from stages import prep
-from tests.conftest import STORIES
+from tests.conftest import ROOT, STORIES
+from tests.project import set_params
 from tests.stage_runner import run_stage
 
 TEMPLATE = "tests/fixtures/stories_chat_template.jinja"
@@ -25,7 +26,8 @@ def project(tmp_path, rows: list, *, fmt: str = "sharegpt", prep_extra: dict | N
                    if jsonl else json.dumps(rows))
     params = {"target": {"path": str(STORIES), "chat_template": TEMPLATE},
               "datasets": {"chat": {"prep": {"format": fmt, "path": str(src), "max_samples": 100,
-                                             "max_prompt_tokens": 40, **(prep_extra or {})}}}}
+                                             "max_prompt_tokens": 40, **(prep_extra or {})},
+                                    "expect": {"reasoning": False}}}}  # a base model
     params.update(params_extra or {})
     p = tmp_path / "params.yaml"
     p.write_text(yaml.safe_dump(params))
@@ -109,3 +111,42 @@ def test_all_prompts_too_long_is_an_error(tmp_path, monkeypatch, capsys):
     params = project(tmp_path, [conversation(1, "word " * 100)])
     code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
     assert code == 1 and "no usable prompt" in err and "too_long" in err, err
+
+
+DEMO_TEMPLATE = (ROOT / "stages" / "demo" / "chat_template.jinja").read_text()
+NO_GENERATION_PROMPT = DEMO_TEMPLATE.split("{%- if add_generation_prompt -%}")[0]
+
+
+@pytest.mark.parametrize("target, expect, needles", [
+    ({"template_kwargs": {"thinking": False}}, True,
+     ["ends with '<|im_assistant|>assistant<|im_middle|><think></think>'", "closes reasoning",
+      "datasets.chat.expect.reasoning is true", "target.template_kwargs (e.g. {thinking: true})"]),
+    ({}, False,
+     ["ends with '<|im_assistant|>assistant<|im_middle|><think>'", "opens reasoning",
+      "datasets.chat.expect.reasoning is false", "{thinking: false}"]),
+    ({"chat_template": "no_generation_prompt.jinja"}, True,
+     ["<|im_end|>'", "no_generation_prompt.jinja adds nothing for the reply",
+      "the prompt must open the assistant's turn: fix target.chat_template"]),
+])
+def test_a_prompt_that_does_not_end_as_promised_fails_prep(tmp_path, monkeypatch, capsys,
+                                                           demo_target, target, expect, needles):
+    (tmp_path / "no_generation_prompt.jinja").write_text(NO_GENERATION_PROMPT)
+    if "chat_template" in target:
+        target = {"chat_template": str(tmp_path / target["chat_template"])}
+    params = project(tmp_path, [conversation(1)], params_extra={"target": {
+        "path": str(demo_target), **target}})
+    set_params(tmp_path, lambda p: p["datasets"]["chat"].update(expect={"reasoning": expect}))
+    code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
+    assert code == 1 and "dataset chat: the generation prompt " in err, err
+    assert all(needle in err for needle in needles), err
+    assert not (tmp_path / "prompts" / "chat.parquet").exists()
+
+
+def test_the_demo_template_opens_reasoning_as_the_demo_expects(tmp_path, monkeypatch, capsys,
+                                                               demo_target):
+    params = project(tmp_path, [conversation(1)],
+                     params_extra={"target": {"path": str(demo_target)}})
+    set_params(tmp_path, lambda p: p["datasets"]["chat"].update(expect={"reasoning": True}))
+    code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
+    assert code == 0, err
+    assert pq.read_table(tmp_path / "prompts" / "chat.parquet").to_pylist()[0]["reasoning_open"]

@@ -80,3 +80,15 @@ def test_metrics_and_markdown(tmp_path):
     assert m["datasets"]["fc"]["generated_tokens"] == 60
     md = markdown(ans, prep, ["dataset chat: x"])
     assert "Gate: **FAILED**" in md and "- dataset chat: x" in md and "| chat | 25 | 20 | 3 |" in md
+
+
+def test_turns_are_counted_per_reply_and_duplicates_per_sample(tmp_path):
+    chat = [raw_row("chat", i) for i in range(4)]
+    chat += [dict(raw_row("chat", i), turn=2, prompt_len=20) for i in range(2)]
+    fc = [raw_row("fc", i, tool_calls=1, tools=True) for i in range(3)]
+    ans = run_questions(tmp_path, chat, fc)
+    assert by(ans["turns_per_sample"], "chat") == {"dataset": "chat", "turns": 6,
+                                                   "turns_per_sample": 1.5, "max_turns": 2}
+    assert by(ans["duplicates"], "chat") == {"dataset": "chat", "samples": 4, "duplicates": 0}
+    assert by(ans["finish_reasons"], "chat")["samples"] == 6
+    assert by(ans["length_distribution"], "chat", measure="prompt")["max"] == 20

@@ -5,14 +5,13 @@ The embedded default and the reference the HTTP engines are compared against.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import time
 from typing import Iterable, Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
-from . import Completion, Sampling, trim_at_stop
+from . import Completion, Request, Sampling, ready_batch, trim_at_stop
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -61,10 +60,10 @@ class HFEngine:
         self.device = next(model.parameters()).device
         self.context = context_length(model)
 
-    def generate(self, requests: Iterable[tuple[str, list[int]]],
+    def generate(self, requests: Iterable[Request | None],
                  sampling: Sampling) -> Iterator[Completion]:
         requests = iter(requests)
-        while batch := list(itertools.islice(requests, self.batch_size)):
+        while batch := ready_batch(requests, self.batch_size):
             over = [(sid, p) for sid, p in batch if len(p) + sampling.max_new_tokens > self.context]
             for sid, prompt in over:
                 yield Completion(sid, [], "abort", 0.0, error=(

@@ -23,12 +23,13 @@ from typing import Iterable, Iterator, NamedTuple
 
 import aiohttp
 
-from . import Completion, EngineError, Sampling
+from . import STALLED, Completion, EngineError, Request, Sampling
 
 # Worth another try: the server is starting, overloaded or gone. 408 and 429 are what
 # sglang_router answers when its own queue is full or timed out, so they mean "later" too.
 RETRY_STATUS = frozenset({408, 429})
 JSON_HEADERS = {"Content-Type": "application/json"}
+_END = object()  # the request stream is exhausted
 
 
 class SGLangError(EngineError):
@@ -153,7 +154,7 @@ class SGLangEngine:
         self.retries = 0  # failed attempts that were tried again, over the engine's life
         self._jitter = random.Random()
 
-    def generate(self, requests: Iterable[tuple[str, list[int]]],
+    def generate(self, requests: Iterable[Request | None],
                  sampling: Sampling) -> Iterator[Completion]:
         replies = self.replies(requests, sampling)
         try:
@@ -162,7 +163,7 @@ class SGLangEngine:
         finally:
             replies.close()
 
-    def replies(self, requests: Iterable[tuple[str, list[int]]],
+    def replies(self, requests: Iterable[Request | None],
                 sampling: Sampling) -> Iterator[Reply]:
         """As `generate`, each completion with the meta_info its server sent."""
         loop = asyncio.new_event_loop()
@@ -183,15 +184,18 @@ class SGLangEngine:
         try:
             while True:
                 while not exhausted and len(tasks) < capacity:
-                    request = next(pending, None)
-                    if request is None:
+                    request = next(pending, _END)
+                    if request is _END:
                         exhausted = True
+                    if request is _END or request is None:  # None: ask again after a reply
                         break
                     task = loop.create_task(self._complete(session, *request, sampling))
                     task.add_done_callback(on_done)
                     tasks.add(task)
                 if not finished:
                     if not tasks:
+                        if not exhausted:
+                            raise EngineError(STALLED)
                         return
                     wakeup = loop.create_future()
                     loop.run_until_complete(wakeup)

@@ -1,21 +1,52 @@
 -- Which samples go into training, in which order and split?
--- Keeps completed generations, marks prompts seen before (normalised text, across datasets),
--- joins prompt and output ids, and orders by a seeded hash so the shuffle is deterministic.
-WITH ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY prompt_key ORDER BY sample_id) AS copy_rank
+-- One sequence per sample: the ids of its last usable turn, prompt and output, which hold every
+-- turn before it, with one loss span [start, end) per turn: its output. A turn is usable when it
+-- and the turns before it completed; a sample longer than max_length ends at its last turn that
+-- fits (or, when even its first does not, that turn is cut). Prompts seen before (normalised
+-- text, across datasets) are marked, and a seeded hash orders the rows: a deterministic shuffle.
+WITH usable AS (
+    SELECT *, bool_and(finish_reason <> 'abort' AND completion_tokens > 0)
+                  OVER (PARTITION BY sample_id ORDER BY turn) AS completed
     FROM samples
-    WHERE finish_reason <> 'abort' AND completion_tokens > 0
+),
+fits AS (
+    SELECT sample_id, count(*) AS turns,
+           coalesce(max(turn) FILTER (WHERE total_tokens <= $max_length), 1) AS last_turn
+    FROM usable
+    WHERE completed
+    GROUP BY sample_id
+),
+conversations AS (
+    SELECT sample_id,
+           any_value(dataset) AS dataset,
+           any_value(prompt_key) AS prompt_key,
+           any_value(f.turns) AS turns,
+           any_value(f.last_turn) AS last_turn,
+           arg_min(prompt_len, turn) AS first_prompt_len,
+           arg_max(list_concat(prompt_ids, output_ids), turn) AS ids,
+           list([prompt_len, prompt_len + completion_tokens] ORDER BY turn) AS spans
+    FROM usable JOIN fits f USING (sample_id)
+    WHERE completed AND turn <= f.last_turn
+    GROUP BY sample_id
+),
+ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY prompt_key ORDER BY sample_id) AS copy_rank
+    FROM conversations
 )
 SELECT
     sample_id,
     dataset,
-    list_concat(prompt_ids, output_ids)[1:$max_length] AS input_ids,
-    prompt_len AS loss_start,
-    least(total_tokens, $max_length)::INTEGER AS length,
-    total_tokens > $max_length AS truncated,
+    ids,
+    last_turn,
+    ids[1:$max_length] AS input_ids,
+    list_filter(list_transform(spans, lambda s: [s[1], least(s[2], $max_length)]),
+                lambda s: s[1] < s[2]) AS loss_spans,
+    least(len(ids), $max_length)::INTEGER AS length,
+    len(ids) > $max_length AS truncated,
+    last_turn < turns AS shortened,
     CASE WHEN ('0x' || md5('split:' || $seed || ':' || sample_id)[1:8])::UBIGINT
               < $eval_fraction * 4294967296 THEN 'eval' ELSE 'train' END AS split,
     copy_rank > 1 AS duplicate
 FROM ranked
-WHERE prompt_len < $max_length
+WHERE first_prompt_len < $max_length
 ORDER BY md5('order:' || $seed || ':' || sample_id)

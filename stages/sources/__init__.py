@@ -1,7 +1,8 @@
 """Source adapters: public dataset files -> canonical conversations (OpenAI-style messages + tools).
 
     for conversation in read_conversations("data.jsonl", "sharegpt"):
-        prompt = prompt_messages(conversation.messages)
+        prompt = prompt_messages(conversation.messages)     # to rewrite the last turn
+        bounds = turn_bounds(conversation.messages)         # to rewrite every turn
 
 Each format is an adapter: given the `columns` mapping (only format "columns" takes one) it returns
 the function that turns one row into a Conversation. Adding a format is one entry in FORMATS.
@@ -13,13 +14,14 @@ from pathlib import Path
 
 from . import benchmarks, code_instruct, glaive, openai_messages, sharegpt
 from .columns import ColumnMapping
-from .conversation import Conversation, prompt_messages
+from .conversation import Conversation, prompt_messages, turn_bounds
 from .rows import RowError, SourceError, read_rows
 
 RowParser = Callable[[Mapping], Conversation]
 Adapter = Callable[[Mapping[str, str] | None], RowParser]
 
-__all__ = ["Conversation", "FORMATS", "SourceError", "prompt_messages", "read_conversations"]
+__all__ = ["Conversation", "FORMATS", "SourceError", "prompt_messages", "read_conversations",
+           "turn_bounds"]
 
 
 def _fixed(parse: RowParser) -> Adapter:

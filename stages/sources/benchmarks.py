@@ -5,8 +5,9 @@ are left out).
 - GSM8K: `question, answer`
 - HumanEval: `task_id, prompt, canonical_solution, test, entry_point` (the prompt is the code stub,
   sent as is)
-- MT-bench: `question_id, category, turns` (two user turns). The conversation is the first turn:
-  later turns follow the target's own first answer, which does not exist yet.
+- MT-bench: `question_id, category, turns` (two user turns). Each later question follows a reply
+  the dataset does not have: the target writes it when every turn is rewritten (`turn_bounds`);
+  the prompt for the last turn alone (`prompt_messages`) is the first question.
 """
 from collections.abc import Mapping
 
@@ -20,8 +21,11 @@ HUMANEVAL = ColumnMapping(prompt="prompt", id="task_id")
 
 def mt_bench(record: Mapping) -> Conversation:
     questions = require(record, "turns", list)
-    if not questions or not isinstance(questions[0], str):
+    if not questions or not all(isinstance(q, str) for q in questions):
         raise RowError("field 'turns' must be a list of question strings")
     turns = Turns()
     turns.user(questions[0])
+    for question in questions[1:]:
+        turns.unwritten_reply()
+        turns.user(question)
     return Conversation(id_text(record, "question_id"), turns.build(), None)

@@ -3,7 +3,8 @@
 Messages are OpenAI-style dicts: `{"role": "system" | "user" | "assistant" | "tool", "content":
 str}`. An assistant message may carry `tool_calls` (`[{"id", "type": "function", "function":
 {"name", "arguments": JSON string}}]`); a tool message carries the `tool_call_id` and `name` of
-the call it answers.
+the call it answers. An assistant message with content None is a reply the source leaves for the
+target to write (MT-bench's second question follows an answer the dataset does not have).
 """
 from __future__ import annotations
 
@@ -23,13 +24,66 @@ class Conversation:
     tools: list[dict] | None   # [{"type": "function", "function": {name, description, parameters}}]
 
 
+ANSWERED_ROLES = ("user", "tool")  # the messages an assistant turn replies to
+
+
+def is_unwritten(message: dict) -> bool:
+    """A reply the source does not have, for the target to write."""
+    return message["role"] == "assistant" and message["content"] is None
+
+
 def prompt_messages(messages: list[dict]) -> list[dict]:
-    """The prompt for regeneration: the conversation up to and including its last user turn or
-    tool result, so the target writes the reply that follows."""
-    last = max((i for i, m in enumerate(messages) if m["role"] in ("user", "tool")), default=None)
+    """The prompt for regenerating the last turn: the conversation up to and including its last
+    user turn or tool result before any reply the source lacks, so the target writes the reply
+    that follows."""
+    known = next((i for i, m in enumerate(messages) if is_unwritten(m)), len(messages))
+    return messages[:_through_last_question(messages, 0, known)]
+
+
+def turn_bounds(messages: list[dict]) -> list[tuple[int, int]]:
+    """The messages the target reads before each turn it writes, when it rewrites every
+    assistant turn in order: turn k's prompt adds `messages[start:end]` of bound k after the
+    target's own turn k-1, and the source's turn from one bound's end to the next one's start is
+    the turn the target's replaces.
+
+    A turn is a run of assistant messages after a user turn or tool result. A turn followed by a
+    tool result is kept as the source has it (context, not rewritten): the result answers the
+    source's call, not the one the target would make, so the target answers the result instead.
+    The source's reply after the last user turn or tool result is dropped, as in
+    `prompt_messages`.
+    """
+    bounds, start, i = [], 0, 0
+    while i < len(messages):
+        if messages[i]["role"] != "assistant":
+            i += 1
+            continue
+        end = next((j for j in range(i, len(messages)) if messages[j]["role"] != "assistant"),
+                   len(messages))
+        replies = i > start and messages[i - 1]["role"] in ANSWERED_ROLES
+        if replies and not (end < len(messages) and messages[end]["role"] == "tool"):
+            bounds.append((start, i))
+            start = end
+        elif any(is_unwritten(m) for m in messages[i:end]):
+            raise ValueError(f"message {i} is a reply left to the target, but it does not "
+                             "answer a user turn, or a tool result follows it")
+        i = end
+    if start < len(messages):
+        last = _through_last_question(messages, start, len(messages), required=not bounds)
+        if last > start:
+            bounds.append((start, last))
+    return bounds
+
+
+def _through_last_question(messages: list[dict], start: int, end: int,
+                           required: bool = True) -> int:
+    """The end of `messages[start:end]` cut after its last user turn or tool result."""
+    last = max((i for i in range(start, end) if messages[i]["role"] in ANSWERED_ROLES),
+               default=None)
     if last is None:
-        raise ValueError("the conversation has no user turn or tool result to reply to")
-    return messages[:last + 1]
+        if required:
+            raise ValueError("the conversation has no user turn or tool result to reply to")
+        return start
+    return last + 1
 
 
 def row_id(record: Mapping, *id_fields: str) -> str:
@@ -135,6 +189,10 @@ class Turns:
         named = [self._named(call) for call in calls]
         self.messages.append({"role": "assistant", "content": text, "tool_calls": named})
         self._open_calls.extend(named)
+
+    def unwritten_reply(self) -> None:
+        """A reply the source does not have: the target writes it when it rewrites every turn."""
+        self.messages.append({"role": "assistant", "content": None})
 
     def tool(self, text: str, call_id: str | None = None, name: str | None = None,
              where: str = "tool result") -> None:

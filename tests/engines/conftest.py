@@ -17,7 +17,7 @@ from stages.config import TargetParams
 from stages.engines.hf import HFEngine, load_causal_lm
 from stages.engines.hf_server import HFServer, model_eos_ids
 from stages.engines.sglang import SGLangEngine
-from stages.prep import PROMPTS_SCHEMA
+from stages.prompts import PROMPTS_SCHEMA
 from stages.target import load_tokenizer, pad_id, token_roles
 from tests.conftest import DEMO_TARGET, STORIES
 

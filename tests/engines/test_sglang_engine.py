@@ -1,12 +1,13 @@
 """The sglang engine against real local servers: same tokens as the in-process engine, every
-sampling value on the wire, retries where a retry can help and nowhere else."""
+sampling value on the wire, retries where a retry can help and nowhere else; and the request
+stream both engines take, which may wait on replies."""
 from __future__ import annotations
 
 import socket
 
 import pytest
 
-from stages.engines import Sampling
+from stages.engines import EngineError, Sampling
 from stages.engines.sglang import SGLangError, parse_reply, sample_seed
 from tests.engines.conftest import client, free_port
 
@@ -153,3 +154,25 @@ def test_a_silent_server_times_out_and_is_retried(prompts):
         with pytest.raises(SGLangError, match=r"2 attempts failed, the last: .*Timeout"):
             list(engine.generate(prompts[:1], Sampling(**GREEDY)))
     assert engine.retries == 1
+
+
+def waiting_stream(prompts, got):
+    """Each request only once the reply to the one before it is back (a conversation's turns);
+    None while it waits."""
+    for sid, ids in prompts:
+        while len(got) < prompts.index((sid, ids)):
+            yield None
+        yield sid, ids
+
+
+@pytest.mark.parametrize("engine", ["sglang", "hf"])
+def test_a_stream_that_waits_on_replies(serve, hf_engine, prompts, stop_ids, reference, engine):
+    picked = prompts[:3]
+    engine = client(serve().url) if engine == "sglang" else hf_engine
+    got = []
+    for done in engine.generate(waiting_stream(picked, got), Sampling(**GREEDY, stop_ids=stop_ids)):
+        got.append(done)
+    assert [c.sample_id for c in got] == [sid for sid, _ in picked]
+    assert [c.output_ids for c in got] == [reference[sid].output_ids for sid, _ in picked]
+    with pytest.raises(EngineError, match="none is in flight"):
+        list(engine.generate(iter([None]), Sampling(**GREEDY, stop_ids=stop_ids)))

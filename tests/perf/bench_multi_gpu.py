@@ -68,11 +68,14 @@ def write_merged(out: Path, samples: int, lengths: tuple[int, int], vocab: int,
         for i in range(n):
             length = int(torch.randint(lengths[0], lengths[1] + 1, (), generator=g))
             ids = alphabet[torch.randint(len(alphabet), (length,), generator=g)]
-            loss_start = int(torch.randint(length // 8, length // 2, (), generator=g))
-            counts += torch.bincount(ids[loss_start:], minlength=vocab)
+            # two supervised turns, as regenerate: all_turns gives
+            first, second = sorted(torch.randint(length // 8, length, (2,), generator=g).tolist())
+            spans = [[first, (first + second) // 2], [second, length]]
+            for start, end in spans:
+                counts += torch.bincount(ids[start:end], minlength=vocab)
             total += length
             rows.append(dict(sample_id=f"{split}/{i:05d}", dataset="random",
-                             input_ids=ids.tolist(), loss_start=loss_start, length=length,
+                             input_ids=ids.tolist(), loss_spans=spans, length=length,
                              truncated=False, split=split))
         pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
     return counts, total

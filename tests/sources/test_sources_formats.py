@@ -244,10 +244,14 @@ def test_preset_missing_column_is_reported(tmp_path):
     assert error.reason == "missing field 'input' (fields present: id, prompt, output)"
 
 
-def test_mt_bench_takes_the_first_turn(tmp_path):
+def test_mt_bench_keeps_every_question_with_the_replies_left_to_the_target(tmp_path):
     conversation = read_one(tmp_path, {"question_id": 81, "category": "writing",
                                        "turns": ["Write a poem.", "Now shorter."]}, "mt_bench")
     assert conversation.source_id == "81"
-    assert conversation.messages == [{"role": "user", "content": "Write a poem."}]
-    assert "list of question strings" in error_of(
-        tmp_path, {"question_id": 1, "turns": []}, "mt_bench").reason
+    assert conversation.messages == [{"role": "user", "content": "Write a poem."},
+                                     {"role": "assistant", "content": None},
+                                     {"role": "user", "content": "Now shorter."}]
+    assert prompt_messages(conversation.messages) == conversation.messages[:1]
+    for turns in ([], ["Write a poem.", 2]):
+        assert "list of question strings" in error_of(
+            tmp_path, {"question_id": 1, "turns": turns}, "mt_bench").reason

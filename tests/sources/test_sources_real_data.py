@@ -74,5 +74,8 @@ def test_benchmarks():
     assert [c.source_id for c in humaneval][:2] == ["HumanEval/0", "HumanEval/1"]
     assert len(humaneval) == 164
     assert humaneval[0].messages[0]["content"].startswith("from typing import List\n\n\ndef ")
-    for conversation in gsm8k + mt_bench + humaneval:
+    for conversation in gsm8k + humaneval:
         assert [m["role"] for m in conversation.messages] == ["user"]
+    for conversation in mt_bench:  # two questions, the reply between them left to the target
+        assert [m["role"] for m in conversation.messages] == ["user", "assistant", "user"]
+        assert conversation.messages[1]["content"] is None

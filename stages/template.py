@@ -1,0 +1,149 @@
+"""What the chat template must do for the prompt ids to be right, checked on every prompt prep
+renders.
+
+Every generation prompt ends the way the dataset expects: it opens reasoning (or leaves it to
+the target) when `datasets.<d>.expect.reasoning` is on, does not open it when it is off, and
+opens the assistant's turn instead of stopping after a closed one. A template switch left at the
+wrong value would otherwise cost a whole generation run before the quality gate saw it.
+
+For `regenerate: all_turns` the template must also render a conversation as its turns
+concatenated: the generation prompt is how it begins an assistant turn, and adding messages
+leaves the turns before them as they were. Then each later turn's prompt is built from ids alone
+(stages/turns.py): the previous prompt, the previous output and the ids the template adds for
+the next messages, which `ChatTemplate.plan` computes before anything is generated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import config
+from .target import render_prompt
+from .tokens import TokenRoles
+
+
+class TemplateError(ValueError):
+    """The chat template cannot give the prompts the dataset needs; says what to change."""
+
+
+@dataclass(frozen=True)
+class TurnPlan:
+    """A conversation's ids before any turn is generated."""
+
+    prompt_ids: list[int]  # turn 1's prompt
+    deltas: list[list[int]]  # per later turn: what follows the previous turn's end-of-turn token
+
+
+class ChatTemplate:
+    """The target's chat template as prep renders one dataset's prompts with it."""
+
+    def __init__(self, tokenizer, roles: TokenRoles, target: config.TargetParams, dataset: str,
+                 expect_reasoning: bool, all_turns: bool):
+        self.tokenizer, self.roles, self.kwargs = tokenizer, roles, target.template_kwargs
+        self.dataset, self.expect_reasoning = dataset, expect_reasoning
+        self.name = target.chat_template or f"the chat template of {target.path}"
+        # a reply the target has not written yet: only the ids around it are kept
+        self.placeholder = {"role": "assistant", "content": "reply"}
+        expect = f"datasets.{dataset}.expect.reasoning"
+        if expect_reasoning:
+            self.placeholder["reasoning_content"] = "thought"
+            if roles.think is None or roles.end_think is None:
+                raise TemplateError(
+                    f"dataset {dataset}: {expect} is true, but the tokenizer of {target.path} "
+                    f"has no reasoning tokens to find reasoning by (think {roles.think}, "
+                    f"end_think {roles.end_think}): name them in target.roles, or set {expect}: "
+                    f"false")
+        if all_turns and roles.end_of_turn is None:
+            raise TemplateError(
+                f"dataset {dataset}: regenerate: all_turns closes each turn with the "
+                f"end-of-turn token, and the tokenizer of {target.path} has none: name it in "
+                f"target.roles.end_of_turn, or set datasets.{dataset}.prep.regenerate: last_turn")
+
+    def plan(self, segments: list[list[dict]], tools: list | None) -> TurnPlan:
+        """Turn 1's prompt and the ids each later turn adds, every generation prompt checked.
+
+        `segments[k]` are the messages between the target's turn k-1 and its turn k
+        (sources.turn_bounds); a placeholder reply stands for each turn the target writes.
+        """
+        history = list(segments[0])
+        prompt = self._generation_prompt(history, tools)
+        first, deltas = prompt, []
+        for segment in segments[1:]:
+            replied = render_prompt(self.tokenizer, [*history, self.placeholder], tools,
+                                    self.kwargs, generation=False)
+            end = self._end_of_reply(prompt, replied)
+            history += [self.placeholder, *segment]
+            prompt = self._generation_prompt(history, tools)
+            if prompt[:len(replied)] != replied:
+                at = common_prefix(replied, prompt)
+                raise self._not_concatenated(
+                    f"adding the next messages changes how the turns before them render (does it "
+                    f"drop earlier reasoning?): from token {at}, {self._text(replied[at:at + 12])} "
+                    f"becomes {self._text(prompt[at:at + 12])}")
+            deltas.append(prompt[end + 1:])
+        return TurnPlan(first, deltas)
+
+    def _generation_prompt(self, messages: list[dict], tools: list | None) -> list[int]:
+        """The prompt for the reply after `messages`, checked to end as the dataset expects."""
+        ids = render_prompt(self.tokenizer, messages, tools, self.kwargs)
+        bare = render_prompt(self.tokenizer, messages, tools, self.kwargs, generation=False)
+        added = ids[common_prefix(ids, bare):]
+        problem = self._ending_problem(ids, added)
+        if problem:
+            raise TemplateError(f"dataset {self.dataset}: the generation prompt ends with "
+                                f"{self._text(added or ids[-4:])}: {problem}")
+        return ids
+
+    def _ending_problem(self, ids: list[int], added: list[int]) -> str | None:
+        think, end_think = self.roles.think, self.roles.end_think
+        opens = think in added and (end_think not in added
+                                    or last_index(added, think) > last_index(added, end_think))
+        closes = end_think in added and not opens
+        expect = f"datasets.{self.dataset}.expect.reasoning"
+        if self.expect_reasoning and closes:
+            return (f"{self.name} closes reasoning before the reply, but {expect} is true, so "
+                    f"the prompt must open reasoning or leave it to the target. Turn thinking on "
+                    f"in target.template_kwargs (e.g. {{thinking: true}}) or target.chat_template, "
+                    f"or set {expect}: false")
+        if not self.expect_reasoning and opens:
+            return (f"{self.name} opens reasoning, but {expect} is false, so the prompt must not. "
+                    f"Set {expect}: true, or turn thinking off in target.template_kwargs (e.g. "
+                    f"{{thinking: false}}) or target.chat_template")
+        if not added and ids[-1] == self.roles.end_of_turn:
+            return (f"{self.name} adds nothing for the reply (does it ignore "
+                    f"add_generation_prompt?), so the target would write after a closed turn; the "
+                    f"prompt must open the assistant's turn: fix target.chat_template")
+        return None
+
+    def _end_of_reply(self, prompt: list[int], replied: list[int]) -> int:
+        """Where the placeholder reply's end-of-turn token is in `replied`."""
+        if replied[:len(prompt)] != prompt:
+            at = common_prefix(prompt, replied)
+            raise self._not_concatenated(
+                f"its generation prompt ends with {self._text(prompt[at:])}, but it begins an "
+                f"assistant turn with {self._text(replied[at:len(prompt)])}")
+        reply = replied[len(prompt):]
+        if self.roles.end_of_turn not in reply:
+            raise self._not_concatenated(
+                f"it ends an assistant turn with {self._text(reply[-4:])}, not with the "
+                f"end-of-turn token {self._text([self.roles.end_of_turn])}")
+        return len(prompt) + last_index(reply, self.roles.end_of_turn)
+
+    def _not_concatenated(self, detail: str) -> TemplateError:
+        return TemplateError(
+            f"dataset {self.dataset}: regenerate: all_turns builds each turn's prompt from the "
+            f"ids of the turns before it, which needs a template that renders a conversation as "
+            f"its turns concatenated, and {self.name} does not: {detail}. Set "
+            f"datasets.{self.dataset}.prep.regenerate: last_turn, or give a template that "
+            f"renders earlier turns unchanged (target.chat_template, target.template_kwargs)")
+
+    def _text(self, ids: list[int]) -> str:
+        return repr(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many ids `a` and `b` share from the start."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def last_index(ids: list[int], token: int) -> int:
+    return len(ids) - 1 - ids[::-1].index(token)
