@@ -3,8 +3,9 @@
 Alignment (REFERENCE.md section 3): at prefix position i, step k reads the embedding of token
 i + 1 + k and learns the target's distribution at position i + 1 + k, which predicts token
 i + 2 + k. Inputs, targets and the loss mask shift together by the step; a (position, step) pair
-counts only if token i + 2 + k exists, lies inside the sample and is supervised, and if the
-target's own choice there is a token the draft vocabulary holds.
+is scored only if token i + 2 + k exists, lies inside the sample and is supervised. The loss also
+needs the target's own choice there to be a token the draft vocabulary holds; acceptance counts
+the other pairs as misses, since serving rejects every draft at them.
 """
 from __future__ import annotations
 
@@ -74,26 +75,30 @@ def ttt_unroll(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor
     return logits
 
 
-def valid_positions(labels: SoftLabels, loss_mask: Tensor, attention_mask: Tensor | None,
-                    ttt_steps: int) -> list[Tensor]:
-    """Per step, [B, T] bool of the positions whose loss counts."""
+def scored_positions(loss_mask: Tensor, attention_mask: Tensor | None,
+                     ttt_steps: int) -> list[Tensor]:
+    """Per step, [B, T] bool of the positions whose draft is scored: its token is supervised."""
     inside = torch.ones_like(loss_mask, dtype=torch.bool) if attention_mask is None \
         else attention_mask.bool()
     supervised = loss_mask.bool() & inside
-    valid = []
-    for k in range(ttt_steps):
-        predicted_token_ok = shift_left(supervised, k + 2, False)
-        valid.append(inside & predicted_token_ok & shift_left(labels.in_vocab, k + 1, False))
-    return valid
+    return [inside & shift_left(supervised, k + 2, False) for k in range(ttt_steps)]
+
+
+def valid_positions(labels: SoftLabels, loss_mask: Tensor, attention_mask: Tensor | None,
+                    ttt_steps: int) -> list[Tensor]:
+    """Per step, [B, T] bool of the positions whose loss counts: the scored ones whose target
+    choice the draft vocabulary holds (the others have nothing the draft could learn)."""
+    return [scored & shift_left(labels.in_vocab, k + 1, False)
+            for k, scored in enumerate(scored_positions(loss_mask, attention_mask, ttt_steps))]
 
 
 @dataclass
 class TTTMetrics:
     """Per-step counts; rates are ratios of sums so batches add up exactly (`a + b`)."""
     ce_sum: Tensor          # [K] soft cross-entropy summed over valid positions
-    valid: Tensor           # [K] positions scored at step k
+    valid: Tensor           # [K] positions in the loss at step k
     correct: Tensor         # [K] of those, draft argmax == target argmax
-    chain_valid: Tensor     # [K] positions valid at every step 0..k
+    chain_valid: Tensor     # [K] positions scored at every step 0..k
     chain_correct: Tensor   # [K] of those, steps 0..k all correct
     chain_prefix: Tensor    # [K] of those, steps 0..k-1 all correct (all of them at k = 0)
 
@@ -130,14 +135,16 @@ class TTTMetrics:
                 "valid_positions": [int(v) for v in self.valid]}
 
 
-def step_metrics(ce: list[Tensor], correct: list[Tensor], valid: list[Tensor]) -> TTTMetrics:
-    """Count per-step and chained matches from [B, T] per-step tensors."""
+def step_metrics(ce: list[Tensor], correct: list[Tensor], valid: list[Tensor],
+                 scored: list[Tensor]) -> TTTMetrics:
+    """Count per-step and chained matches from [B, T] per-step tensors: loss and accuracy over
+    the `valid` positions, chains (acceptance) over the `scored` ones."""
     chain_valid = torch.ones_like(valid[0])
     chain_correct = torch.ones_like(valid[0])
     rows = []
-    for ce_k, correct_k, valid_k in zip(ce, correct, valid):
+    for ce_k, correct_k, valid_k, scored_k in zip(ce, correct, valid, scored):
         prefix_correct = chain_correct
-        chain_valid = chain_valid & valid_k
+        chain_valid = chain_valid & scored_k
         chain_correct = chain_correct & correct_k
         counts = [(ce_k.detach() * valid_k).sum(), valid_k.sum(), (correct_k & valid_k).sum(),
                   chain_valid.sum(), (chain_correct & chain_valid).sum(),
@@ -171,5 +178,7 @@ def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tenso
         ce = -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
         total = total + decay ** k * (ce * valid[k]).sum() / divisors[k]
         ces.append(ce)
-        corrects.append(logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
-    return total, step_metrics(ces, corrects, valid)
+        corrects.append((logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
+                        & shift_left(labels.in_vocab, k + 1, False))
+    scored = scored_positions(loss_mask, attention_mask, ttt_steps)
+    return total, step_metrics(ces, corrects, valid, scored)

@@ -87,6 +87,26 @@ def test_step_k_at_position_i_learns_the_target_at_i_plus_1_plus_k(drafter):
     assert loss.item() > 10
 
 
+def test_a_target_choice_outside_the_draft_vocab_is_a_rejected_draft(drafter):
+    # As above, but the target's choice at position 3 is an id the draft vocabulary lacks:
+    # serving rejects every draft there, so acceptance counts it as a miss (the loss skips it).
+    draft_ids = drafter.draft_ids()
+    target_logits = torch.full((1, T, VOCAB), -20.0)
+    target_logits[0, torch.arange(T), draft_ids[:T]] = 20.0
+    target_logits[0, 3, int((~drafter.t2d).nonzero()[0])] = 30.0
+    right = ScriptedDrafter(drafter.cfg, lambda i, k: min(i + 1 + k, T - 1))
+    right.set_vocab(drafter.d2t, drafter.t2d)
+    loss, metrics = ttt_forward(right, torch.randn(VOCAB, HIDDEN), torch.randn(1, T, 3 * HIDDEN),
+                                target_logits, torch.arange(10, 10 + T)[None], torch.ones(1, T),
+                                ttt_steps=3)
+    assert metrics.valid.tolist() == [3, 2, 1] and metrics.accuracy == [1.0, 1.0, 1.0]
+    assert loss.item() < 1e-6
+    # chains from positions 0..3: position 2 misses at step 0, 1 at step 1, 0 at step 2
+    assert metrics.chain_valid.tolist() == [4, 3, 2]
+    assert metrics.acceptance_unconditional == [0.75, 1 / 3, 0.0]
+    assert metrics.acceptance_conditional == [0.75, 0.5, 0.0]
+
+
 def test_loss_is_the_decayed_mean_over_valid_positions(target, drafter):
     torch.manual_seed(0)
     ids = torch.randint(0, VOCAB, (2, 9))
@@ -154,7 +174,7 @@ def test_metrics_count_chains_and_add_up():
     valid = bools([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]])
     correct = bools([[1, 1, 0, 1], [1, 0, 1, 1], [0, 1, 1, 1]])
     ce = [torch.ones(1, 4)] * 3
-    m = step_metrics(ce, correct, valid)
+    m = step_metrics(ce, correct, valid, valid)
     assert m.accuracy == [0.75, 2 / 3, 0.5]
     # chains: position 0 matches at steps 0,1 then fails; position 1 fails at step 1.
     assert m.acceptance_unconditional == [0.75, 1 / 3, 0.0]
