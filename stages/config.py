@@ -168,8 +168,8 @@ class TrainParams:
     warmup_ratio: float = 0.02
     weight_decay: float = 0.0
     grad_clip: float = 0.5
-    eval_every: int = 200  # steps between simulated-acceptance evaluations
-    eval_num_steps: int = 3  # chain length the simulated acceptance is measured at
+    eval_every: int = 200  # steps between acceptance evaluations
+    eval_num_steps: int = 3  # chain length the replayed and simulated acceptance use
     eval_max_samples: int = 256
     checkpoint_every: int = 200
     seed: int = 0

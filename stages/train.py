@@ -1,9 +1,9 @@
 """train: the EAGLE-3 drafter on the extracted hidden states, then its export.
 
 Reads params `train` (and the target path from `target`). Resumes from
-models/checkpoints/last.pt; keeps models/checkpoints/best.pt by simulated acceptance on the eval
-split; exports the best to models/drafter/ in SGLang's LlamaForCausalLMEagle3 format (checked key
-by key). Writes reports/train.json, reports/plots/train_loss.csv and
+models/checkpoints/last.pt; keeps models/checkpoints/best.pt by replayed acceptance length on the
+eval split; exports the best to models/drafter/ in SGLang's LlamaForCausalLMEagle3 format
+(checked key by key). Writes reports/train.json, reports/plots/train_loss.csv and
 reports/plots/train_acceptance.csv. Under torchrun it trains data-parallel (DDP).
 """
 from __future__ import annotations
@@ -102,9 +102,10 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
         export_drafter(drafter.cpu(), drafter.cfg, out_dir, target_config,
                        extra={"training": p.__dict__, "hidden_meta": meta})
         check_export(out_dir, target_config, meta["aux_hf_indices"])
-        best_eval = max(history.evals, key=lambda e: e["simulated_tau"], default=None)
+        best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
         metrics = {"steps": s.total_steps, "final_loss": history.steps[-1]["loss"],
                    "best_step": best_eval and best_eval["step"],
+                   "best_replayed_tau": best_eval and best_eval["replayed_tau"],
                    "best_simulated_tau": best_eval and best_eval["simulated_tau"],
                    "eval_num_steps": p.eval_num_steps, "world_size": rank.world,
                    "tokens_per_s": round(history.tokens_per_s, 1)}

@@ -1,5 +1,8 @@
 """Extraction (hooks equal HF hidden states, shard resume) and the training loop (exact resume,
-best checkpoint by simulated acceptance), on the real stories260K target."""
+best checkpoint by replayed acceptance, evaluation over every span), on the real stories260K
+target."""
+import dataclasses
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -10,7 +13,7 @@ from transformers import AutoConfig
 from stages import config
 from stages.drafter.hidden import HiddenStates
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
-from stages.drafter.training import LoopSettings, Objective, train
+from stages.drafter.training import LoopSettings, Objective, autocast_for, evaluate, train
 from stages.drafter.vocab import build_draft_vocab
 from stages.engines.hf import load_causal_lm
 from stages.engines.weights import embedding_and_head
@@ -130,4 +133,18 @@ def test_training_resumes_exactly(hidden, tmp_path):
                                  resumed.drafter.state_dict().items()):
         torch.testing.assert_close(a, b, msg=name)
     best = torch.load(tmp_path / "a" / "best.pt", weights_only=True)
-    assert best["tau"] == pytest.approx(max(e["simulated_tau"] for e in history.evals), abs=1e-4)
+    assert best["tau"] == pytest.approx(max(e["replayed_tau"] for e in history.evals), abs=1e-4)
+    assert all(1 <= e["replayed_tau"] <= 4 for e in history.evals)   # chain of 3 drafts
+
+
+def test_evaluation_replays_every_turn_and_adds_up_over_batches(hidden):
+    _, h, _ = hidden
+    eval_set, cpu = HiddenStates(h, "eval"), torch.device("cpu")
+    scored = objective(h)
+    together, alone = (evaluate(scored, eval_set, dataclasses.replace(settings(2), batch_size=b),
+                                cpu, autocast_for(cpu)) for b in (4, 1))
+    # Per sample (lengths 20, 23, 26): turn [6, 12) gives tokens 7-11 by rounds (6 comes from the
+    # prefill), turn [15, length) tokens 16 to the end.
+    assert together.replay_tokens.tolist() == [5 * 3 + 4 + 7 + 10] * 3
+    assert torch.equal(together.replay_rounds, alone.replay_rounds)
+

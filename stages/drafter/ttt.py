@@ -6,6 +6,12 @@ i + 2 + k. Inputs, targets and the loss mask shift together by the step; a (posi
 is scored only if token i + 2 + k exists, lies inside the sample and is supervised. The loss also
 needs the target's own choice there to be a token the draft vocabulary holds; acceptance counts
 the other pairs as misses, since serving rejects every draft at them.
+
+Replay (what a benchmark measures): serving drafts from the last accepted token, so the prefix
+position i of a round is the one whose step 0 drafts token i + 2 (token i + 1 is known). A span's
+first token comes from the prefill; the first round of a span [s, e) is at s - 1, a round at i
+that accepts a drafts yields a + 1 tokens (the target adds one) and the next one is at i + a + 1,
+until token e - 1 is out.
 """
 from __future__ import annotations
 
@@ -75,12 +81,22 @@ def ttt_unroll(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor
     return logits
 
 
+def inside_sample(loss_mask: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """[B, T] bool of the real (unpadded) tokens."""
+    return torch.ones_like(loss_mask, dtype=torch.bool) if attention_mask is None \
+        else attention_mask.bool()
+
+
+def supervised_tokens(loss_mask: Tensor, attention_mask: Tensor | None) -> Tensor:
+    """[B, T] bool of the tokens trained on: the target's own, one run per loss span."""
+    return loss_mask.bool() & inside_sample(loss_mask, attention_mask)
+
+
 def scored_positions(loss_mask: Tensor, attention_mask: Tensor | None,
                      ttt_steps: int) -> list[Tensor]:
     """Per step, [B, T] bool of the positions whose draft is scored: its token is supervised."""
-    inside = torch.ones_like(loss_mask, dtype=torch.bool) if attention_mask is None \
-        else attention_mask.bool()
-    supervised = loss_mask.bool() & inside
+    inside = inside_sample(loss_mask, attention_mask)
+    supervised = supervised_tokens(loss_mask, attention_mask)
     return [inside & shift_left(supervised, k + 2, False) for k in range(ttt_steps)]
 
 
@@ -101,6 +117,12 @@ class TTTMetrics:
     chain_valid: Tensor     # [K] positions scored at every step 0..k
     chain_correct: Tensor   # [K] of those, steps 0..k all correct
     chain_prefix: Tensor    # [K] of those, steps 0..k-1 all correct (all of them at k = 0)
+    replay_tokens: Tensor   # [K] tokens of serving's rounds replayed over the supervised spans
+    replay_rounds: Tensor   # [K] those rounds (verify steps), drafting chains of k + 1
+
+    @classmethod
+    def zeros(cls, steps: int) -> "TTTMetrics":
+        return cls(*torch.zeros(len(cls.__dataclass_fields__), steps, dtype=torch.float64))
 
     def __add__(self, other: "TTTMetrics") -> "TTTMetrics":
         return TTTMetrics(*(getattr(self, f) + getattr(other, f)
@@ -128,6 +150,12 @@ class TTTMetrics:
         """Share matching at step k among chains that matched at every earlier step."""
         return self._rate(self.chain_correct, self.chain_prefix)
 
+    @property
+    def replayed_tau(self) -> list[float]:
+        """Tokens per round of greedy chain decoding of k + 1 drafts over the supervised spans:
+        rounds start right after each miss, as when serving, not at every position."""
+        return self._rate(self.replay_tokens, self.replay_rounds)
+
     def as_dict(self) -> dict[str, list[float]]:
         return {"loss": self.loss, "accuracy": self.accuracy,
                 "acceptance_conditional": self.acceptance_conditional,
@@ -135,10 +163,46 @@ class TTTMetrics:
                 "valid_positions": [int(v) for v in self.valid]}
 
 
+def round_starts(supervised: Tensor) -> Tensor:
+    """[B, T] bool of the positions a round may start at: tokens i + 1 and i + 2 supervised
+    (token i + 1 known, token i + 2 still to produce in the same span)."""
+    return shift_left(supervised, 1, False) & shift_left(supervised, 2, False)
+
+
+def replay_counts(correct: list[Tensor], supervised: Tensor) -> tuple[Tensor, Tensor]:
+    """(tokens [K], rounds [K]) of serving's greedy rounds over the supervised spans (module
+    docstring), chains of k + 1 drafts, from the per-step [B, T] correctness of every position.
+
+    Each position points to its round's successor (or to an end node); every span's round count
+    is the length of its first round's path, found by pointer jumping (log T gathers, no loop
+    over rounds). A jump past the span's last round ends the path: it never reaches the next span.
+    """
+    batch, width = supervised.shape
+    can_start = round_starts(supervised)
+    first_round = can_start & ~torch.cat([can_start.new_zeros(batch, 1), can_start[:, :-1]], 1)
+    can_start, first_round = can_start.flatten(), first_round.flatten()
+    span = first_round.cumsum(0)
+    n = can_start.numel()
+    here = torch.arange(n, device=can_start.device)
+    accepted = torch.stack(correct).flatten(1).long().cumprod(0).cumsum(0)       # [K, B*T]
+    there = here + accepted + 1
+    inside = there.clamp(max=n - 1)
+    same_span = (there < n) & can_start[inside] & (span[inside] == span) & can_start
+    end = torch.full_like(there[:, :1], n)
+    jump = torch.cat([torch.where(same_span, there, n), end], dim=1)           # [K, n + 1]
+    length = torch.cat([torch.ones_like(there), torch.zeros_like(end)], dim=1)
+    for _ in range(width.bit_length()):   # 2 ** levels > rounds of any span
+        length = length + length.gather(1, jump)
+        jump = jump.gather(1, jump)
+    rounds = (length[:, :n] * first_round).sum(1)
+    return can_start.sum().expand(len(correct)), rounds
+
+
 def step_metrics(ce: list[Tensor], correct: list[Tensor], valid: list[Tensor],
-                 scored: list[Tensor]) -> TTTMetrics:
+                 scored: list[Tensor], supervised: Tensor) -> TTTMetrics:
     """Count per-step and chained matches from [B, T] per-step tensors: loss and accuracy over
-    the `valid` positions, chains (acceptance) over the `scored` ones."""
+    the `valid` positions, chains (acceptance) over the `scored` ones, serving's rounds replayed
+    over the `supervised` tokens' spans."""
     chain_valid = torch.ones_like(valid[0])
     chain_correct = torch.ones_like(valid[0])
     rows = []
@@ -150,7 +214,8 @@ def step_metrics(ce: list[Tensor], correct: list[Tensor], valid: list[Tensor],
                   chain_valid.sum(), (chain_correct & chain_valid).sum(),
                   (prefix_correct & chain_valid).sum()]
         rows.append(torch.stack([c.double() for c in counts]).cpu())
-    return TTTMetrics(*torch.stack(rows, dim=1))
+    replay = [c.double().cpu() for c in replay_counts(correct, supervised)]
+    return TTTMetrics(*torch.stack(rows, dim=1), *replay)
 
 
 def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor,
@@ -181,4 +246,5 @@ def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tenso
         corrects.append((logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
                         & shift_left(labels.in_vocab, k + 1, False))
     scored = scored_positions(loss_mask, attention_mask, ttt_steps)
-    return total, step_metrics(ces, corrects, valid, scored)
+    return total, step_metrics(ces, corrects, valid, scored,
+                               supervised_tokens(loss_mask, attention_mask))

@@ -3,8 +3,8 @@ import torch
 import torch.nn.functional as F
 
 from stages.drafter.model import DraftStep, Eagle3Drafter
-from stages.drafter.ttt import (SoftLabels, TTTMetrics, shift_left, soft_labels, step_metrics,
-                                ttt_forward, ttt_unroll, valid_positions)
+from stages.drafter.ttt import (SoftLabels, TTTMetrics, replay_counts, shift_left, soft_labels,
+                                step_metrics, ttt_forward, ttt_unroll, valid_positions)
 
 from .conftest import HIDDEN, VOCAB, features, make_drafter
 
@@ -74,6 +74,10 @@ def test_step_k_at_position_i_learns_the_target_at_i_plus_1_plus_k(drafter):
     assert metrics.accuracy == [1.0, 1.0, 1.0]
     assert metrics.valid.tolist() == [4, 3, 2]
     assert metrics.acceptance_unconditional == [1.0, 1.0, 1.0]
+    # One span of tokens 0-5; tokens 0 and 1 are known, rounds draft tokens 2-5: chain 1 in rounds
+    # (2, 3) and (4, 5), chain 2 in (2, 3, 4) and (5), chain 3 in one round.
+    assert metrics.replay_tokens.tolist() == [4, 4, 4]
+    assert metrics.replayed_tau == [2.0, 2.0, 4.0]
     assert loss.item() < 1e-6
     for k, embeds in enumerate(right.embeds):   # step k at position i reads token i + 1 + k
         n = T - 1 - k
@@ -84,6 +88,7 @@ def test_step_k_at_position_i_learns_the_target_at_i_plus_1_plus_k(drafter):
     loss, metrics = ttt_forward(late, embed, aux, target_logits, input_ids, loss_mask,
                                 ttt_steps=3)
     assert metrics.accuracy == [0.0, 0.0, 0.0]
+    assert metrics.replayed_tau == [1.0, 1.0, 1.0]
     assert loss.item() > 10
 
 
@@ -105,6 +110,9 @@ def test_a_target_choice_outside_the_draft_vocab_is_a_rejected_draft(drafter):
     assert metrics.chain_valid.tolist() == [4, 3, 2]
     assert metrics.acceptance_unconditional == [0.75, 1 / 3, 0.0]
     assert metrics.acceptance_conditional == [0.75, 0.5, 0.0]
+    # serving: the round at 0 accepts tokens 2, 3 and takes 4 from the target (its draft of
+    # token 4 was the miss), the round at 3 yields token 5
+    assert metrics.replay_rounds[2] == 2 and metrics.replayed_tau[2] == 2.0
 
 
 def test_loss_is_the_decayed_mean_over_valid_positions(target, drafter):
@@ -174,7 +182,7 @@ def test_metrics_count_chains_and_add_up():
     valid = bools([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]])
     correct = bools([[1, 1, 0, 1], [1, 0, 1, 1], [0, 1, 1, 1]])
     ce = [torch.ones(1, 4)] * 3
-    m = step_metrics(ce, correct, valid, valid)
+    m = step_metrics(ce, correct, valid, valid, torch.ones(1, 4, dtype=torch.bool))
     assert m.accuracy == [0.75, 2 / 3, 0.5]
     # chains: position 0 matches at steps 0,1 then fails; position 1 fails at step 1.
     assert m.acceptance_unconditional == [0.75, 1 / 3, 0.0]
@@ -182,4 +190,77 @@ def test_metrics_count_chains_and_add_up():
     both = m + m
     assert isinstance(both, TTTMetrics) and both.accuracy == m.accuracy
     assert both.valid.tolist() == [8, 6, 4]
+    # tokens 2 and 3 in one round at position 0, whatever the chain
+    assert m.replayed_tau == [2.0, 2.0, 2.0] and both.replay_rounds.tolist() == [2, 2, 2]
     assert m.as_dict()["valid_positions"] == [4, 3, 2]
+
+
+def steps(*rows):
+    """[B, T] bool tensors, one per step, from each step's rows of 0/1."""
+    return [torch.tensor(r, dtype=torch.bool) for r in rows]
+
+
+def test_replay_counts_rounds_by_hand_and_restarts_at_each_span():
+    # Spans: tokens 1-5 and 7-11 (token 6 is the template's, 12 unsupervised). Each span's first
+    # token comes from the prefill; a round at i drafts from token i + 2. Misses: step 1 at 0.
+    supervised = torch.tensor([[0, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    hit = [1] * 13
+    correct = steps([hit], [[0] + hit[1:]], [hit])
+    tokens, rounds = replay_counts(correct, supervised)
+    assert tokens.tolist() == [8, 8, 8]  # tokens 2-5 and 8-11
+    # chain 1: (2, 3) (4, 5) | (8, 9) (10, 11)
+    # chain 2: (2, 3: step 1 missed) (4, 5: all that is left) | (8, 9, 10) (11)
+    # chain 3: (2, 3) at 0, then at 2 three accepted would reach position 6, the next span's first
+    # round: the span ends instead (4, 5) | (8, 9, 10, 11)
+    assert rounds.tolist() == [4, 4, 3]
+
+
+def test_replayed_tau_of_a_perfect_and_of_a_wrong_drafter():
+    # One span of tokens 1-13: 12 rounds' tokens (2-13), 3 chain steps.
+    supervised = torch.ones(1, 14, dtype=torch.bool)
+    supervised[0, 0] = False
+    right = [torch.ones(1, 14, dtype=torch.bool)] * 3
+    wrong = [torch.zeros(1, 14, dtype=torch.bool)] * 3
+    for correct, tau in ((right, [2.0, 3.0, 4.0]), (wrong, [1.0, 1.0, 1.0])):
+        tokens, rounds = replay_counts(correct, supervised)
+        assert (tokens / rounds).tolist() == tau
+
+
+def serving_walk(correct: list[list[bool]], supervised: list[bool]) -> tuple[int, int]:
+    """(tokens, rounds) of one row for a chain of len(correct), walked round by round."""
+    tokens = rounds = 0
+    t = 0
+    while t < len(supervised):
+        if not supervised[t]:
+            t += 1
+            continue
+        end = t
+        while end < len(supervised) and supervised[end]:
+            end += 1
+        known = t + 1 if t else 2   # the prefill gives a span's first token (two at position 0)
+        while known < end:
+            accepted = 0
+            while accepted < len(correct) and correct[accepted][known - 2]:
+                accepted += 1
+            made = min(accepted + 1, end - known)
+            tokens, rounds, known = tokens + made, rounds + 1, known + made
+        t = end
+    return tokens, rounds
+
+
+def test_replay_counts_equal_a_round_by_round_walk_and_batches_add_up():
+    g = torch.Generator().manual_seed(0)
+    rows, width, k = 6, 40, 4
+    supervised = torch.rand(rows, width, generator=g) < 0.8
+    supervised[:, :3] = False
+    supervised[2, 0] = True                    # a span at the very start of a row
+    supervised[3, 20:] = False                 # padding
+    correct = [torch.rand(rows, width, generator=g) < 0.7 for _ in range(k)]
+    tokens, rounds = replay_counts(correct, supervised)
+    for chain in range(1, k + 1):
+        walks = [serving_walk([c[b].tolist() for c in correct[:chain]], supervised[b].tolist())
+                 for b in range(rows)]
+        assert (tokens[chain - 1], rounds[chain - 1]) == tuple(map(sum, zip(*walks)))
+    first = replay_counts([c[:2] for c in correct], supervised[:2])
+    rest = replay_counts([c[2:] for c in correct], supervised[2:])
+    assert torch.equal(first[0] + rest[0], tokens) and torch.equal(first[1] + rest[1], rounds)
