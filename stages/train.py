@@ -49,11 +49,19 @@ def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
         checkpoint_every=p.checkpoint_every, seed=p.seed)
 
 
+# What a checkpoint holds; raise it when that changes (2: evaluations carry replayed_tau), so
+# that older checkpoints start the run over instead of failing to resume.
+CHECKPOINT_FORMAT = 2
+
+
 def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
-    """Keep checkpoints only when they belong to this exact run (params, features, vocab)."""
+    """Keep checkpoints only when they belong to this exact run (params, features, vocab) and
+    were written in this checkpoint format."""
+    run = {"checkpoint_format": CHECKPOINT_FORMAT, **run}
     run_file = checkpoint_dir / "run.json"
     if run_file.exists() and json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
-        print(f"[train] params, features or vocab changed: starting over in {checkpoint_dir}")
+        print(f"[train] params, features, vocab or checkpoint format changed: starting over "
+              f"in {checkpoint_dir}")
         shutil.rmtree(checkpoint_dir)
     write_json(run, run_file)
 
