@@ -27,7 +27,7 @@ from .cli import StageError, run
 from .drafter.layers import default_aux_indices, serving_layer_ids
 from .engines.features import FeatureExtractor
 from .engines.hf import load_causal_lm, resolve_device
-from .io import Progress, atomic_path, write_json, write_parquet
+from .io import Progress, atomic_path, remove_stale_temps, write_json, write_parquet
 from .target import model_fingerprint
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -185,6 +185,7 @@ def extract(merged_dir: Path, out_dir: Path, params: config.ExtractParams,
               f"{total * meta['bytes_per_token'] / 2**30:.2f} GiB in {len(plan)} shards "
               f"(layers {indices} of {num_layers})")
         out_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out_dir)  # before any rank writes: a killed run's half shards
         for old in out_dir.glob("shard-*.safetensors"):
             if int(old.stem.split("-")[1]) >= len(plan):
                 old.unlink()

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from . import config
 from .cli import StageError, run
 from .engines import Completion, Sampling
-from .io import write_json
+from .io import remove_stale_temps, write_json
 from .monitor import Backlog, GenerationMonitor, run_backlog
 from .prompts import read_prompts
 from .raw import RAW_SCHEMA, append_part, compact, last_turns, read_raw
@@ -84,6 +84,7 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
               f"regenerating {name}")
         shutil.rmtree(out_dir)
         existing = RAW_SCHEMA.empty_table()
+    remove_stale_temps(out_dir)
     wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
     existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
     used = pc.sum(existing.column("completion_tokens")).as_py() or 0

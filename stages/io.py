@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -25,7 +26,7 @@ def atomic_path(final: Path | str) -> Iterator[Path]:
     """Yield a temp path beside `final`; on success replace `final` with it, else remove it."""
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    tmp = temp_path(final, os.getpid())
     _remove(tmp)
     try:
         yield tmp
@@ -34,6 +35,43 @@ def atomic_path(final: Path | str) -> Iterator[Path]:
         os.replace(tmp, final)
     finally:
         _remove(tmp)
+
+
+def temp_path(final: Path, pid: int) -> Path:
+    """Where process `pid` writes `final` before renaming it into place."""
+    return final.with_name(f".{final.name}.tmp-{pid}")
+
+
+_TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
+
+
+def remove_stale_temps(directory: Path | str) -> list[Path]:
+    """Remove the temp files (`.<name>.tmp-<pid>`) in `directory` whose process is gone.
+
+    A kill -9 runs no cleanup, and a stage's output directory is hashed by DVC as a whole, so a
+    dead writer's half-written shard would join the output. A running process's temp files are
+    kept: under torchrun the other ranks write into the same directory (pids are this host's: a
+    directory shared between hosts needs every host's writers stopped first).
+    """
+    directory = Path(directory)
+    stale = [p for p in directory.glob(".*.tmp-*")
+             if (m := _TEMP.match(p.name)) and not _running(int(m.group(1)))]
+    for path in stale:
+        _remove(path)
+    if stale:
+        print(f"[io] removed {len(stale)} temp file(s) of killed processes in {directory}: "
+              f"{', '.join(p.name for p in stale)}")
+    return stale
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
 
 
 def _remove(path: Path) -> None:

@@ -26,7 +26,7 @@ from .drafter.model import Eagle3Config, Eagle3Drafter
 from .drafter.training import LoopSettings, Objective, train
 from .engines.hf import resolve_device, set_cpu_threads
 from .engines.weights import embedding_and_head
-from .io import write_csv, write_json
+from .io import remove_stale_temps, write_csv, write_json
 
 
 def build_drafter(target_config, meta: dict, vocab_file: Path, draft: dict) -> Eagle3Drafter:
@@ -56,13 +56,14 @@ CHECKPOINT_FORMAT = 2
 
 def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
     """Keep checkpoints only when they belong to this exact run (params, features, vocab) and
-    were written in this checkpoint format."""
+    were written in this checkpoint format; drop what a killed run left half-written."""
     run = {"checkpoint_format": CHECKPOINT_FORMAT, **run}
     run_file = checkpoint_dir / "run.json"
     if run_file.exists() and json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
         print(f"[train] params, features, vocab or checkpoint format changed: starting over "
               f"in {checkpoint_dir}")
         shutil.rmtree(checkpoint_dir)
+    remove_stale_temps(checkpoint_dir)  # a killed run's half-saved checkpoint
     write_json(run, run_file)
 
 
