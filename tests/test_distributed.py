@@ -71,9 +71,18 @@ def write_vocab(path: Path) -> Path:
     return path
 
 
+def stage_env() -> dict[str, str]:
+    """A stage subprocess's environment: one thread, the project importable, and none of the
+    NCCL settings (the stages set those themselves)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    for name in NCCL_ENV:
+        env.pop(name, None)
+    return env
+
+
 def stage(module: str, args: list, tmp: Path, world: int = 1) -> tuple[str, Path | None]:
     """(output, record dir) of `python -m module args`, or of torchrun with `world` processes."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env = stage_env()
     if world == 1:
         cmd, record = [sys.executable, "-m", module], None
     else:
@@ -82,8 +91,6 @@ def stage(module: str, args: list, tmp: Path, world: int = 1) -> tuple[str, Path
         env.update(RECORD_DIR=str(record), RECORD_ROOT=str(tmp))
         cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone",
                "--nproc-per-node", str(world), str(RECORDER), module]
-    for name in NCCL_ENV:
-        env.pop(name, None)
     proc = subprocess.run([*cmd, *map(str, args)], cwd=tmp, env=env, capture_output=True,
                           text=True)
     output = proc.stdout + proc.stderr

@@ -1,0 +1,188 @@
+"""kill -9 at seeded points of the real generate, extract and train processes (stories260K), then
+a rerun: nothing lost, nothing duplicated, the outputs of an uninterrupted run bit for bit.
+
+The in-process resume tests stop a stage with KeyboardInterrupt, which still runs `finally` and
+every context manager; a SIGKILL runs nothing. Each kill lands inside the seeded k-th write of a
+raw part, shard or checkpoint (tests/stop_in_write.py freezes the process there), where it leaves
+the most behind: the complete files before it and a temp file named after the dead process, which
+the rerun must remove (DVC would hash it into the output) while a running writer's stays.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from stages.io import remove_stale_temps, temp_path
+from stages.raw import parts, read_raw
+from tests.conftest import ROOT
+from tests.test_distributed import (stage, stage_env, train_args, write_merged, write_params,
+                                    write_vocab)
+from tests.test_generate import outputs, prompts  # noqa: F401 (prompts: a fixture)
+
+pytestmark = pytest.mark.timeout(120)
+SEED = 9
+POLL_S = 0.002
+STOPPER = Path(__file__).parent / "stop_in_write.py"
+TRAIN_STEPS, CHECKPOINT_EVERY = 30, 3
+
+
+def kill_in_write(module: str, args: list, cwd: Path, pattern: Path, k: int) -> int:
+    """Run `python -m module args` and SIGKILL it in its k-th write of a file matching `pattern`
+    (tests/stop_in_write.py freezes it there); its pid. Fails if the stage ended first."""
+    log = cwd / f"{module}-killed.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, str(STOPPER), module, *map(str, args)], cwd=cwd,
+                                env=dict(stage_env(), STOP_AT=str(pattern), STOP_COUNT=str(k)),
+                                stdout=out, stderr=subprocess.STDOUT)
+    while proc.poll() is None and not frozen(proc.pid):
+        time.sleep(POLL_S)
+    proc.send_signal(signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL, f"{module} ended before the kill:\n{log.read_text()}"
+    return proc.pid
+
+
+def frozen(pid: int) -> bool:
+    """Stopped by SIGSTOP: state T in /proc/<pid>/stat (after the command name in parentheses)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def temps(directory: Path) -> list[Path]:
+    return sorted(directory.glob(".*.tmp-*"))
+
+
+def assert_kill_left(directory: Path, pattern: str, complete: int, pid: int) -> None:
+    """The kill left `complete` whole files matching `pattern` (the first ones, in order) and the
+    next one as the killed process's temp file."""
+    names = [pattern.replace("*", f"{i:05d}") for i in range(complete + 1)]
+    assert sorted(p.name for p in directory.glob(pattern)) == names[:-1]
+    assert temps(directory) == [temp_path(directory / names[-1], pid)]
+
+
+def running_writers_temp(directory: Path) -> Path:
+    """A temp file of a running process (this one), standing for another torchrun rank's."""
+    live = temp_path(directory / "shard-99999.safetensors", os.getpid())
+    live.write_bytes(b"half")
+    return live
+
+
+def assert_only_running_temp(directory: Path, live: Path) -> None:
+    assert temps(directory) == [live], "the rerun kept a dead writer's temp file or lost a live one"
+    live.unlink()
+
+
+def test_remove_stale_temps_keeps_a_running_writers(tmp_path):
+    finished = subprocess.Popen([sys.executable, "-c", ""])
+    finished.wait()
+    dead_file, dead_dir = (temp_path(tmp_path / n, finished.pid) for n in ("a.parquet", "drafter"))
+    live = temp_path(tmp_path / "b.parquet", os.getpid())
+    for path in (dead_file, live, tmp_path / "c.parquet", tmp_path / ".gitignore"):
+        path.write_bytes(b"x")
+    (dead_dir / "model.safetensors").parent.mkdir()
+    (dead_dir / "model.safetensors").write_bytes(b"x")
+    assert sorted(remove_stale_temps(tmp_path)) == sorted([dead_file, dead_dir])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, "c.parquet", ".gitignore"])
+    assert remove_stale_temps(tmp_path / "missing") == []
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """Merged samples, the vocabulary, params for all three stages and the reference features
+    (hidden-1, where train_args looks for them)."""
+    tmp = tmp_path_factory.mktemp("kill9")
+    write_merged(tmp / "merged", n_train=16, n_eval=4)
+    write_vocab(tmp / "vocab" / "d2t_t2d.safetensors")
+    params = yaml.safe_load(write_params(tmp / "params.yaml").read_text())
+    params["target"]["chat_template"] = str(ROOT / "tests/fixtures/stories_chat_template.jinja")
+    params["generate"] = {"max_new_tokens": 24, "batch_size": 2, "append_every": 1}
+    params["datasets"] = {"d": {"prep": {"format": "sharegpt", "path": "unused"}}}
+    params["train"].update(max_steps=TRAIN_STEPS, checkpoint_every=CHECKPOINT_EVERY)
+    (tmp / "params.yaml").write_text(yaml.safe_dump(params))
+    stage("stages.extract", extract_args(tmp, "hidden-1"), tmp)
+    return tmp
+
+
+def generate_args(tmp: Path, run: str) -> list:
+    return ["d", "--params", tmp / "params.yaml", "--prompts-dir", tmp / "prompts",
+            "--out-dir", tmp / f"raw-{run}", "--report-dir", tmp / f"reports-{run}"]
+
+
+def test_generate_killed_then_rerun(work, prompts):  # noqa: F811
+    (work / "prompts").mkdir(exist_ok=True)
+    shutil.copyfile(prompts, work / "prompts" / "d.parquet")
+    stage("stages.generate", generate_args(work, "ref"), work)
+    out = work / "raw-killed" / "d"
+    k = random.Random(f"{SEED}-generate").randint(2, 9)  # 8 parts, one a reply; 9: compaction
+    pid = kill_in_write("stages.generate", generate_args(work, "killed"), work,
+                        out / "part-*.parquet", k)
+    assert_kill_left(out, "part-*.parquet", k - 1, pid)
+    assert len(read_raw(out)) == k - 1
+    live = running_writers_temp(out)
+    stage("stages.generate", generate_args(work, "killed"), work)
+    assert_only_running_temp(out, live)
+    report = json.loads((work / "reports-killed" / "d.json").read_text())
+    assert (report["samples"], report["new_samples"]) == (8, 8 - (k - 1))
+    table = read_raw(out)
+    assert table.num_rows == len(set(table.column("sample_id").to_pylist())) == 8
+    assert len(parts(out)) == 1
+    assert outputs(out) == outputs(work / "raw-ref" / "d")
+
+
+def extract_args(tmp: Path, out: str) -> list:
+    return ["--params", tmp / "params.yaml", "--merged-dir", tmp / "merged",
+            "--out-dir", tmp / out, "--report", tmp / f"{out}.json"]
+
+
+def test_extract_killed_then_rerun(work):
+    ref, out = work / "hidden-1", work / "hidden-killed"
+    shards = sorted(p.name for p in ref.glob("shard-*.safetensors"))
+    k = random.Random(f"{SEED}-extract").randint(2, len(shards))
+    pid = kill_in_write("stages.extract", extract_args(work, "hidden-killed"), work,
+                        out / "shard-*.safetensors", k)
+    assert_kill_left(out, "shard-*.safetensors", k - 1, pid)
+    assert not (out / "index.parquet").exists()
+    kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.safetensors")}
+    live = running_writers_temp(out)
+    stage("stages.extract", extract_args(work, "hidden-killed"), work)
+    assert_only_running_temp(out, live)
+    assert {n: (out / n).stat().st_mtime_ns for n in kept} == kept  # not extracted twice
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in ref.iterdir())
+    for name in shards + ["index.parquet", "meta.json"]:
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), name
+
+
+def test_train_killed_then_rerun(work):
+    stage("stages.train", train_args(work, "ref"), work)
+    checkpoints = work / "checkpoints-killed"
+    k = random.Random(f"{SEED}-train").randint(2, TRAIN_STEPS // CHECKPOINT_EVERY)
+    pid = kill_in_write("stages.train", train_args(work, "killed"), work,
+                        checkpoints / "last.pt", k)
+    assert temps(checkpoints) == [temp_path(checkpoints / "last.pt", pid)]
+    step = torch.load(checkpoints / "last.pt", weights_only=True)["state"]["step"]
+    assert step == CHECKPOINT_EVERY * (k - 1) and not (work / "drafter-killed").exists()
+    live = running_writers_temp(checkpoints)
+    output, _ = stage("stages.train", train_args(work, "killed"), work)
+    assert_only_running_temp(checkpoints, live)
+    assert f"resumed at step {step}" in output
+    for name in ("last.pt", "best.pt"):
+        a, b = (torch.load(work / f"checkpoints-{run}" / name, weights_only=True)["model"]
+                for run in ("ref", "killed"))
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), name
+    for name in ("drafter-{}/model.safetensors", "reports-{}/plots/train_loss.csv",
+                 "reports-{}/plots/train_acceptance.csv"):
+        assert (work / name.format("killed")).read_bytes() == \
+            (work / name.format("ref")).read_bytes(), name
+    ref, resumed = (json.loads((work / f"reports-{run}" / "train.json").read_text())
+                    for run in ("ref", "killed"))
+    assert {**ref, "tokens_per_s": 0} == {**resumed, "tokens_per_s": 0}
