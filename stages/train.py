@@ -108,6 +108,7 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
         best = torch.load(best_path if best_path.exists() else checkpoint_dir / "last.pt",
                           map_location="cpu", weights_only=True)
         drafter.load_state_dict(best["model"])
+        remove_stale_temps(out_dir.parent)  # a killed export's half-written directory
         export_drafter(drafter.cpu(), drafter.cfg, out_dir, target_config,
                        extra={"training": p.__dict__, "hidden_meta": meta})
         check_export(out_dir, target_config, meta["aux_hf_indices"])
