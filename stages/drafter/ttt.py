@@ -96,16 +96,20 @@ def scored_positions(loss_mask: Tensor, attention_mask: Tensor | None,
                      ttt_steps: int) -> list[Tensor]:
     """Per step, [B, T] bool of the positions whose draft is scored: its token is supervised."""
     inside = inside_sample(loss_mask, attention_mask)
-    supervised = supervised_tokens(loss_mask, attention_mask)
+    supervised = loss_mask.bool() & inside
     return [inside & shift_left(supervised, k + 2, False) for k in range(ttt_steps)]
+
+
+def in_draft_vocab(labels: SoftLabels, scored: list[Tensor]) -> list[Tensor]:
+    """The scored positions whose target choice the draft vocabulary holds: the loss's positions
+    (the others have nothing the draft could learn)."""
+    return [s & shift_left(labels.in_vocab, k + 1, False) for k, s in enumerate(scored)]
 
 
 def valid_positions(labels: SoftLabels, loss_mask: Tensor, attention_mask: Tensor | None,
                     ttt_steps: int) -> list[Tensor]:
-    """Per step, [B, T] bool of the positions whose loss counts: the scored ones whose target
-    choice the draft vocabulary holds (the others have nothing the draft could learn)."""
-    return [scored & shift_left(labels.in_vocab, k + 1, False)
-            for k, scored in enumerate(scored_positions(loss_mask, attention_mask, ttt_steps))]
+    """Per step, [B, T] bool of the positions whose loss counts."""
+    return in_draft_vocab(labels, scored_positions(loss_mask, attention_mask, ttt_steps))
 
 
 @dataclass
@@ -229,11 +233,13 @@ def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tenso
     aux [B, T, num_aux * target_hidden]: target features; last_or_logits: the target's logits or
     final hidden state (with `target_lm_head`); input_ids, loss_mask, attention_mask: [B, T].
     `denominators` maps this batch's valid counts per step [K] to the divisors of its sums (at
-    least 1 is the caller's care); data parallelism passes (global count / world size), so that the ranks' averaged gradient is the
-    gradient of the mean over the whole global batch however unevenly supervision falls.
+    least 1 is the caller's care); data parallelism passes (global count / world size), so that
+    the ranks' averaged gradient is the gradient of the mean over the whole global batch however
+    unevenly supervision falls.
     """
     labels = soft_labels(last_or_logits, drafter, target_lm_head)
-    valid = valid_positions(labels, loss_mask, attention_mask, ttt_steps)
+    scored = scored_positions(loss_mask, attention_mask, ttt_steps)
+    valid = in_draft_vocab(labels, scored)
     counts = torch.stack([v.sum() for v in valid]).float()
     divisors = denominators(counts) if denominators else counts.clamp(min=1)
     total, ces, corrects = aux.new_zeros((), dtype=torch.float32), [], []
@@ -245,6 +251,5 @@ def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tenso
         ces.append(ce)
         corrects.append((logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
                         & shift_left(labels.in_vocab, k + 1, False))
-    scored = scored_positions(loss_mask, attention_mask, ttt_steps)
     return total, step_metrics(ces, corrects, valid, scored,
                                supervised_tokens(loss_mask, attention_mask))
