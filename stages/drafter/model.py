@@ -26,12 +26,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_REQUIRED_KEYS = {   # what each scaling type needs (the engines' fallbacks are guesses)
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
+ROPE_CHOICES = ("mirror", "plain")
+# Fields only multi-head latent attention (DeepSeek-V2/V3, Kimi-K2/K2.5) configs carry.
+MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 
 
 @dataclass(frozen=True)
 class TargetFacts:
-    """The shapes of a target model the drafter depends on, read from its Hugging Face config."""
+    """The shapes of a target model the drafter depends on, read from its Hugging Face config.
+
+    `head_dim` and `num_key_value_heads` are those of a Llama attention standing in for the
+    target's own: the target's for Llama-like targets, derived for MLA ones (`attention_shape`).
+    """
     architecture: str
     num_hidden_layers: int
     hidden_size: int
@@ -54,31 +66,48 @@ def target_facts(target_config: Any) -> TargetFacts:
     """
     arch = (_get(target_config, "architectures", None) or ["unknown"])[0]
     text = _get(target_config, "text_config", None) or target_config
-
-    def need(key: str):
-        value = _get(text, key, None)
-        if value is None:
-            raise ValueError(f"target config: `{key}` is missing; the draft layer copies the "
-                             f"target's shapes from it")
-        return value
-
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
+    heads = int(_require(text, "num_attention_heads"))
+    head_dim, kv_heads = attention_shape(text, heads)
     theta, scaling = rope_fields(text)
     return TargetFacts(
         architecture=arch,
-        num_hidden_layers=int(need("num_hidden_layers")),
-        hidden_size=hidden,
-        vocab_size=int(need("vocab_size")),
+        num_hidden_layers=int(_require(text, "num_hidden_layers")),
+        hidden_size=int(_require(text, "hidden_size")),
+        vocab_size=int(_require(text, "vocab_size")),
         num_attention_heads=heads,
-        num_key_value_heads=int(_get(text, "num_key_value_heads", None) or heads),
-        head_dim=int(_get(text, "head_dim", None) or hidden // heads),
-        intermediate_size=int(need("intermediate_size")),
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=int(_require(text, "intermediate_size")),
         rms_norm_eps=float(_get(text, "rms_norm_eps", None) or 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(need("max_position_embeddings")),
+        max_position_embeddings=int(_require(text, "max_position_embeddings")),
     )
+
+
+def attention_shape(text_config: Any, heads: int) -> tuple[int, int]:
+    """(head_dim, num_key_value_heads) of the draft's Llama attention for this target.
+
+    A multi-head latent attention target (any of MLA_FIELDS set) has no Llama head to copy: its
+    `head_dim`, where a config object sets one, is the 64-wide rotary slice, its keys are
+    qk_nope + qk_rope = 192 wide, and hidden // heads (7168 // 64 = 112) matches nothing. The draft
+    takes the width of one MLA value head (`v_head_dim`, 128 in DeepSeek-V3 and Kimi-K2.5, the
+    head_dim of the published Kimi drafters) and, as MLA has no grouped keys, one key/value head
+    per query head. The dense `intermediate_size` these configs carry stays the MLP width.
+    """
+    if any(_get(text_config, key, None) is not None for key in MLA_FIELDS):
+        return int(_require(text_config, "v_head_dim")), heads
+    hidden = int(_require(text_config, "hidden_size"))
+    return (int(_get(text_config, "head_dim", None) or hidden // heads),
+            int(_get(text_config, "num_key_value_heads", None) or heads))
+
+
+def _require(config: Any, key: str):
+    value = _get(config, key, None)
+    if value is None:
+        raise ValueError(f"target config: `{key}` is missing; the draft layer copies the "
+                         f"target's shapes from it")
+    return value
 
 
 def _get(config: Any, key: str, default):
@@ -141,37 +170,62 @@ class Eagle3Config:
                             "(fc) could not be told from a chain step by width")
         if self.hidden_act != "silu":
             problems.append(f"hidden_act {self.hidden_act!r}: the serving engines only run silu")
-        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            problems.append(f"rope_scaling type {rope_type!r} is not implemented here "
-                            f"({', '.join(SUPPORTED_ROPE_TYPES)}); pass rope_scaling=None to "
-                            f"train the draft layer with plain RoPE")
+        problems += _rope_problems(self.rope_scaling)
         if problems:
             raise ValueError("Eagle3Config: " + "; ".join(problems))
 
     @classmethod
-    def from_target(cls, target_config: Any, draft_vocab_size: int,
-                    aux_hf_indices: list[int], **overrides) -> "Eagle3Config":
-        """Mirror a target layer (the draft layer is one more layer of the target's kind)."""
+    def from_target(cls, target_config: Any, draft_vocab_size: int, aux_hf_indices: list[int],
+                    rope: str = "mirror", **overrides) -> "Eagle3Config":
+        """Mirror a target layer (the draft layer is one more layer of the target's kind).
+
+        rope="mirror" keeps the target's rope_theta and rope_scaling; rope="plain" keeps its
+        rope_theta and drops the scaling (plain RoPE, e.g. for a scaling type not implemented
+        here). An explicit rope_theta override applies on top of either. Overrides may raise
+        max_position_embeddings, never lower it below the target's.
+        """
+        if rope not in ROPE_CHOICES:
+            raise ValueError(f"Eagle3Config.from_target: rope={rope!r}; choose one of "
+                             f"{', '.join(map(repr, ROPE_CHOICES))}")
+        if rope == "plain" and overrides.get("rope_scaling") is not None:
+            raise ValueError("Eagle3Config.from_target: rope='plain' drops rope_scaling; pass "
+                             "rope='mirror' to set rope_scaling yourself")
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"Eagle3Config.from_target: unknown overrides {sorted(unknown)}")
         t = target_facts(target_config)
         values = dict(
             hidden_size=t.hidden_size, num_attention_heads=t.num_attention_heads,
             num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
             intermediate_size=t.intermediate_size, rms_norm_eps=t.rms_norm_eps,
-            rope_theta=t.rope_theta, rope_scaling=t.rope_scaling,
+            rope_theta=t.rope_theta, rope_scaling=t.rope_scaling if rope == "mirror" else None,
             max_position_embeddings=t.max_position_embeddings, vocab_size=t.vocab_size,
             draft_vocab_size=draft_vocab_size, target_hidden_size=t.hidden_size,
             aux_layer_ids=tuple(aux_hf_indices), num_aux=len(aux_hf_indices),
         )
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"Eagle3Config.from_target: unknown overrides {sorted(unknown)}")
         values.update(overrides)
+        if values["max_position_embeddings"] < t.max_position_embeddings:
+            raise ValueError(f"Eagle3Config.from_target: max_position_embeddings "
+                             f"{values['max_position_embeddings']} is below the target's "
+                             f"{t.max_position_embeddings}; the engines size the draft's rotary "
+                             f"table by it, so drafts past that position go wrong and acceptance "
+                             f"drops on long contexts. Drop the override or set it to at least "
+                             f"{t.max_position_embeddings}")
         return cls(**values)
 
 
+def _rope_problems(scaling: dict | None) -> list[str]:
+    rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        return [f"rope_scaling type {rope_type!r} is not implemented here "
+                f"({', '.join(SUPPORTED_ROPE_TYPES)}); use rope='plain' in from_target (or "
+                f"rope_scaling=None) to train the draft layer with plain RoPE"]
+    return [f"rope_scaling ({rope_type}) has no `{key}`; add it (the target's config names it)"
+            for key in ROPE_REQUIRED_KEYS.get(rope_type, ()) if scaling.get(key) is None]
+
+
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
-    """Inverse frequencies of rotary embeddings, with the Llama scaling variants."""
+    """Inverse frequencies of rotary embeddings (fp32), with the Llama scaling variants."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     rope_type = (scaling or {}).get("rope_type", "default")
     if rope_type == "linear":
@@ -182,14 +236,89 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
         wavelen = 2 * math.pi / inv_freq
         smooth = ((old_len / wavelen - low) / (high - low)).clamp(0, 1)
         inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    elif rope_type == "yarn":
+        inv_freq = _yarn_inv_freq(head_dim, theta, scaling)
     return inv_freq
 
 
-def apply_rope(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
-    """Rotate [B, heads, Q, head_dim] by the angles of `positions` [Q] (rotate-half layout)."""
-    angles = positions.float()[:, None] * inv_freq[None, :]
+def _yarn_inv_freq(d: int, theta: float, scaling: dict) -> Tensor:
+    """YaRN frequencies exactly as SGLang serves the draft (read in the SGLang 0.5.13 to 0.5.23
+    wheels: models/llama.py `LlamaAttention` passes the config's rope_scaling to
+    layers/rotary_embedding/factory.py `get_rope`; type "yarn" builds yarn.py
+    `YaRNScalingRotaryEmbedding` over original_max_position_embeddings; "deepseek_yarn" is only
+    what deepseek_v2.py forces on its own MLA layers).
+
+    Keys read: factor, original_max_position_embeddings, beta_fast (32), beta_slow (1),
+    extrapolation_factor (1), truncate (true); other keys do not move the frequencies. With
+    d = head_dim, L = original_max_position_embeddings and f_i = theta ** (-2i / d):
+
+        c(r) = d * ln(L / (2 pi r)) / (2 ln theta)      the pair that turns r times within L
+        low = max(floor(c(beta_fast)), 0), high = min(ceil(c(beta_slow)), d - 1)
+                                                        (no floor / ceil when truncate is false)
+        keep_i = (1 - clamp((i - low) / (high - low), 0, 1)) * extrapolation_factor
+        inv_freq_i = f_i / factor * (1 - keep_i) + f_i * keep_i
+
+    so fast pairs keep their frequency and slow ones are interpolated by `factor`.
+    """
+    factor, length = scaling["factor"], scaling["original_max_position_embeddings"]
+
+    def turning_pair(rotations: float) -> float:
+        return d * math.log(length / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = turning_pair(scaling.get("beta_fast", 32))
+    high = turning_pair(scaling.get("beta_slow", 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = (1 - ramp) * scaling.get("extrapolation_factor", 1)
+    periods = theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)      # 1 / f_i
+    return 1.0 / (factor * periods) * (1 - keep) + 1.0 / periods * keep
+
+
+def _yarn_get_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def rope_magnitude(scaling: dict | None) -> float:
+    """What SGLang multiplies yarn's cos and sin by (its `mscale`; 1 for other rope types).
+
+    With g(m) = 0.1 * m * ln(factor) + 1 (1 when factor <= 1), SGLang >= 0.5.16 (yarn.py
+    `YaRNScalingRotaryEmbedding.__init__`) uses g(mscale) / g(mscale_all_dim) when both keys are
+    given, else g(1), times attn_factor (default 1). q and k both carry it, so attention logits
+    grow by its square; the softmax scale stays head_dim ** -0.5 (llama.py; only DeepSeek's MLA
+    layers fold mscale_all_dim into theirs). SGLang <= 0.5.15 ignored mscale / mscale_all_dim,
+    g(1) * attn_factor: 1.416 instead of 1.0 for Kimi-K2.5's rope. transformers'
+    `_compute_yarn_parameters` gives the same as SGLang >= 0.5.16 except that it takes an
+    `attention_factor` key verbatim, ignores `attn_factor`, and falls back to g(1) when mscale or
+    mscale_all_dim is 0.
+    """
+    if (scaling or {}).get("rope_type") != "yarn":
+        return 1.0
+    factor, mscale, mscale_all_dim = (scaling["factor"], scaling.get("mscale"),
+                                      scaling.get("mscale_all_dim"))
+    if mscale is not None and mscale_all_dim is not None:
+        magnitude = _yarn_get_mscale(factor, mscale) / _yarn_get_mscale(factor, mscale_all_dim)
+    else:
+        magnitude = _yarn_get_mscale(factor, 1.0)
+    return magnitude * scaling.get("attn_factor", 1)
+
+
+class Rope(NamedTuple):
+    """How q and k are rotated: fp32 inverse frequencies and the cos/sin magnitude."""
+    inv_freq: Tensor
+    magnitude: float = 1.0
+
+
+def apply_rope(x: Tensor, positions: Tensor, rope: Rope) -> Tensor:
+    """Rotate [B, heads, Q, head_dim] by the angles of `positions` [Q] (rotate-half layout); cos
+    and sin are scaled by the magnitude in fp32 before the cast, as SGLang's cos/sin cache is."""
+    angles = positions.float()[:, None] * rope.inv_freq[None, :]
     angles = torch.cat([angles, angles], dim=-1)
-    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    cos = (angles.cos() * rope.magnitude).to(x.dtype)
+    sin = (angles.sin() * rope.magnitude).to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
@@ -248,7 +377,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, inv_freq: Tensor, kv: DraftKV | None,
+    def forward(self, x: Tensor, rope: Rope, kv: DraftKV | None,
                 key_mask: Tensor | None) -> tuple[Tensor, DraftKV]:
         B, Q, _ = x.shape
         q = self.q_proj(x).view(B, Q, self.heads, self.head_dim).transpose(1, 2)
@@ -258,15 +387,15 @@ class Attention(nn.Module):
             positions = torch.arange(Q, device=x.device)
             if key_mask is None:
                 key_mask = torch.ones(B, Q, dtype=torch.bool, device=x.device)
-            k = apply_rope(k, positions, inv_freq)
+            k = apply_rope(k, positions, rope)
             kv = DraftKV(k, v, key_mask.bool(), positions)
         else:  # chain step: every query extends its own chain by one position
             if Q != kv.query_index.numel():
                 raise ValueError(f"chain step got {Q} queries, the cache tracks "
                                  f"{kv.query_index.numel()}")
             positions = kv.query_index + kv.chain_length + 1
-            kv = kv.with_chain(apply_rope(k, positions, inv_freq), v)
-        q = apply_rope(q, positions, inv_freq)
+            kv = kv.with_chain(apply_rope(k, positions, rope), v)
+        q = apply_rope(q, positions, rope)
         out = attend(q, kv)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1)), kv
 
@@ -316,11 +445,11 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, embeds: Tensor, hidden: Tensor, inv_freq: Tensor, kv: DraftKV | None,
+    def forward(self, embeds: Tensor, hidden: Tensor, rope: Rope, kv: DraftKV | None,
                 key_mask: Tensor | None) -> tuple[Tensor, DraftKV]:
         residual = hidden
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
-        x, kv = self.self_attn(x, inv_freq, kv, key_mask)
+        x, kv = self.self_attn(x, rope, kv, key_mask)
         residual = x + residual
         out = self.mlp(self.post_attention_layernorm(residual)) + residual
         return out, kv
@@ -349,6 +478,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", t2d)
         # Not a buffer: casting the model to bf16 must not round the rotary frequencies.
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rope_magnitude = rope_magnitude(cfg.rope_scaling)
 
     def set_vocab(self, d2t: Tensor, t2d: Tensor) -> None:
         """Install the draft vocabulary mapping (target_id = i + d2t[i]; t2d marks kept ids)."""
@@ -378,8 +508,8 @@ class Eagle3Drafter(nn.Module):
         """
         if hidden.shape[-1] != self.cfg.hidden_size:
             hidden = self.fc(hidden)
-        inv_freq = self.inv_freq.to(embeds.device)
-        out, kv = self.midlayer(embeds, hidden, inv_freq, kv, key_mask)
+        rope = Rope(self.inv_freq.to(embeds.device), self.rope_magnitude)
+        out, kv = self.midlayer(embeds, hidden, rope, kv, key_mask)
         return DraftStep(self.lm_head(self.norm(out)), out, kv)
 
 

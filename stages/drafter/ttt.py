@@ -45,8 +45,10 @@ def soft_labels(last_or_logits: Tensor, drafter: Eagle3Drafter,
     """Target distributions from its logits [B, T, vocab] or its final hidden state [B, T, H].
 
     The final (post-norm) hidden state needs `target_lm_head` [vocab, H]; logits are then computed
-    as the target computes them (in its dtype), `chunk` positions at a time so the full-vocabulary
-    tensor never exists for the whole batch.
+    as the target computes them (in its dtype). Work goes `chunk` positions of one sample at a
+    time, so the full-vocabulary logits and their fp32 copy (read by the softmax over draft ids
+    and by the argmax) are at most [chunk, vocab] whatever the batch size: at a 163,840
+    vocabulary, batch-wide ones would take gigabytes.
     """
     vocab = drafter.cfg.vocab_size
     is_logits = last_or_logits.shape[-1] == vocab and target_lm_head is None
@@ -58,12 +60,14 @@ def soft_labels(last_or_logits: Tensor, drafter: Eagle3Drafter,
     head = None if is_logits else target_lm_head.to(last_or_logits.dtype).T
     parts = []
     with torch.autocast(last_or_logits.device.type, enabled=False):
-        for part in last_or_logits.split(chunk, dim=1):
-            logits = (part if is_logits else part @ head).float()
-            restricted = logits[..., draft_ids]
-            parts.append((restricted.softmax(-1), restricted.argmax(-1),
-                          drafter.t2d[logits.argmax(-1)]))
-    probs, argmax, in_vocab = (torch.cat(p, dim=1) for p in zip(*parts))
+        for sample in last_or_logits:
+            for part in sample.split(chunk):
+                logits = (part if is_logits else part @ head).float()
+                restricted = logits[:, draft_ids]
+                parts.append((restricted.softmax(-1), restricted.argmax(-1),
+                              drafter.t2d[logits.argmax(-1)]))
+    batch_positions = last_or_logits.shape[:2]
+    probs, argmax, in_vocab = (torch.cat(p).unflatten(0, batch_positions) for p in zip(*parts))
     return SoftLabels(probs, argmax, in_vocab)
 
 

@@ -17,15 +17,16 @@ def test_llama_sglang_ids_are_one_below_the_hf_indices(layers, hf, sglang):
     assert vllm_captured_indices(None, layers) == hf
 
 
-def test_kimi_ids_are_the_hf_indices_for_both_engines():
+def test_kimi_sglang_ids_are_one_below_the_hf_indices_on_every_version():
     hf = default_aux_indices(61)
     assert hf == [2, 30, 58]
     for arch in ("DeepseekV3ForCausalLM", "KimiK25ForConditionalGeneration"):
         ids = serving_layer_ids(arch, hf, 61)
-        assert ids == {"sglang": [2, 30, 58], "vllm": [2, 30, 58]}
+        assert ids == {"sglang": [1, 29, 57], "vllm": [2, 30, 58]}
+        # The first id is 1, so SGLang shifts these ids for these targets on every version.
         assert sglang_captured_indices(arch, ids["sglang"], 61) == hf
-        # An id list that starts at 1 is shifted by SGLang for these targets.
-        assert sglang_captured_indices(arch, [1, 29, 57], 61) == hf
+        for version in ("0.5.12", "0.5.13"):
+            assert sglang_captured_indices(arch, ids["sglang"], 61, version) == hf
 
 
 def test_qwen_follows_llama():

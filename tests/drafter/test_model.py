@@ -47,11 +47,10 @@ def test_from_target_overrides_and_rejections(target_config):
     assert cfg.intermediate_size == 200
     with pytest.raises(ValueError, match="unknown overrides"):
         Eagle3Config.from_target(target_config, 100, [2, 4, 5], hiden_size=3)
-    yarn = tiny_target_config(rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                            "original_max_position_embeddings": 64})
+    dynamic = tiny_target_config(rope_scaling={"rope_type": "dynamic", "factor": 4.0})
     with pytest.raises(ValueError, match="rope_scaling=None"):
-        Eagle3Config.from_target(yarn, 100, [2, 4, 5])
-    assert Eagle3Config.from_target(yarn, 100, [2, 4, 5], rope_scaling=None).rope_scaling is None
+        Eagle3Config.from_target(dynamic, 100, [2, 4, 5])
+    assert Eagle3Config.from_target(dynamic, 100, [2, 4, 5], rope_scaling=None).rope_scaling is None
     with pytest.raises(ValueError, match="num_aux"):
         Eagle3Config.from_target(target_config, 100, [2, 4, 5], num_aux=2)
 
