@@ -20,27 +20,29 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import pyarrow.parquet as pq
 import torch
 
 from . import config
-from .cli import StageError, run
+from .artifacts.merged import iter_rows, split_path
+from .cli import PathOpt, StageError, params_key, run
 from .drafter.export import load_drafter
 from .drafter.speculate import acceptance_stats, choose, speculative_generate
 from .engines import Sampling
-from .engines.hf import load_causal_lm
 from .engines.sglang import SGLangEngine
 from .engines.sglang_bench import (ServerRun, check_plain_server, check_speculative_server,
                                    compare, measure, server_facts, speculative_args)
 from .engines.sglang_server import is_healthy, launch_command
-from .io import write_csv, write_json
+from .runtime.io import write_csv, write_json
 from .sources import prompt_messages, read_conversations
-from .target import load_tokenizer, render_prompt, server_command, start_launched, token_roles
+from .target.model import load_causal_lm
+from .target.tokenizer import render_prompt
+from .launch import server_command, start_launched
+from .wiring import target_roles, target_tokenizer
 
 
 def eval_prompts(eval_file: Path, limit: int) -> dict[str, list[list[int]]]:
     prompts: dict[str, list[list[int]]] = {}
-    for row in pq.read_table(eval_file, columns=["dataset", "input_ids", "loss_spans"]).to_pylist():
+    for row in iter_rows(eval_file, ["dataset", "input_ids", "loss_spans"]):
         group = prompts.setdefault(row["dataset"], [])
         if len(group) < limit:  # the first turn's prompt
             group.append(row["input_ids"][: row["loss_spans"][0][0]])
@@ -125,8 +127,9 @@ def in_process_benchmark(prompts: dict[str, list[list[int]]], b: config.Benchmar
                          stop_ids: list[int], target: config.TargetParams,
                          drafter_dir: Path) -> dict:
     """The target and the exported drafter loaded here, decoding one prompt at a time."""
-    model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code,
-                           target.cpu_threads)
+    with params_key("target"):
+        model = load_causal_lm(target.path, target.device, target.dtype,
+                               target.trust_remote_code, target.cpu_threads)
     drafter, _ = load_drafter(drafter_dir)
     drafter = drafter.to(next(model.parameters()).device).eval()
     report = benchmark(model, drafter, prompts, b, stop_ids)
@@ -156,7 +159,7 @@ def serving(launch: config.SGLangLaunchParams | None, command: list[str],
     if launch is None:
         yield url.rstrip("/")
         return
-    server = start_launched(launch, command)
+    server = start_launched(launch, command, "benchmark.sglang.launch")
     try:
         yield server.url
     finally:
@@ -192,7 +195,8 @@ def served_benchmark(prompts: dict[str, list[list[int]]], b: config.BenchmarkPar
                 check_speculative_server(facts, url, b.num_steps)
             else:
                 check_plain_server(facts, url)
-            engine = SGLangEngine([url], s.concurrency, s.timeout_s, max_retries=s.max_retries)
+            with params_key("benchmark.sglang"):
+                engine = SGLangEngine([url], s.concurrency, s.timeout_s, max_retries=s.max_retries)
             runs[role] = {(t, name): measure(engine, group, sampling)
                           for t, sampling in samplings.items() for name, group in requests.items()}
             servers[role] = {"url": url, "launched": s.launch is not None,
@@ -212,13 +216,14 @@ def served_benchmark(prompts: dict[str, list[list[int]]], b: config.BenchmarkPar
             "tau_convention": TAU_CONVENTION, "servers": servers, "temperatures": temperatures,
             "tau_greedy": greedy and greedy["tau"]}
 
-def main(params: Path = config.PARAMS_FILE, eval_file: Path = Path("data/merged/eval.parquet"),
-         drafter_dir: Path = Path("models/drafter"), report_dir: Path = Path("reports")) -> None:
+def main(merged: PathOpt, drafter_dir: PathOpt, report: PathOpt, plot: PathOpt,
+         params: Path = config.PARAMS_FILE) -> None:
     """Measure acceptance length and speedup of the exported drafter."""
     b = config.section(config.BenchmarkParams, "benchmark", params)
     target = config.section(config.TargetParams, "target", params)
-    tokenizer = load_tokenizer(target)
-    stop_ids = token_roles(target, tokenizer).stop_ids
+    tokenizer = target_tokenizer(target)
+    stop_ids = target_roles(target, tokenizer).stop_ids
+    eval_file = split_path(merged, "eval")
     prompts = eval_prompts(eval_file, b.max_prompts)
     for name, source in b.datasets.items():
         prompts[name] = file_prompts(source, tokenizer, target.template_kwargs, b.max_prompts)
@@ -226,18 +231,18 @@ def main(params: Path = config.PARAMS_FILE, eval_file: Path = Path("data/merged/
         raise StageError(f"{eval_file}: no held-out prompts; raise merge.eval_fraction or add "
                          f"benchmark.datasets")
     if b.mode == "sglang":
-        report = served_benchmark(prompts, b, stop_ids, target, drafter_dir)
+        results = served_benchmark(prompts, b, stop_ids, target, drafter_dir)
     else:
-        report = in_process_benchmark(prompts, b, stop_ids, target, drafter_dir)
-    write_json(report, report_dir / "benchmark.json")
+        results = in_process_benchmark(prompts, b, stop_ids, target, drafter_dir)
+    write_json(results, report)
     write_csv([{"temperature": t, "dataset": d, "position": j + 1,
                 "conditional": v["conditional"][j], "unconditional": v["unconditional"][j]}
-               for t, tv in report["temperatures"].items()
+               for t, tv in results["temperatures"].items()
                for d, v in tv["datasets"].items() if v["conditional"]
                for j in range(b.num_steps)],
-              report_dir / "plots" / "benchmark_acceptance.csv")
-    greedy = report["temperatures"].get("0.0", {"datasets": {}})
-    print(f"[benchmark] {report['engine']}: tau at T=0: {report['tau_greedy']}  "
+              plot)
+    greedy = results["temperatures"].get("0.0", {"datasets": {}})
+    print(f"[benchmark] {results['engine']}: tau at T=0: {results['tau_greedy']}  "
           + "  ".join(f"{d}: {v['tau']}" for d, v in greedy["datasets"].items())
           + (f"  speedup {greedy['speedup']}" if "speedup" in greedy else ""))
 

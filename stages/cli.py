@@ -2,16 +2,31 @@
 with one clear line (which file, row or key, and what would fix it) instead of a traceback."""
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Annotated, Callable, Iterator
 
 import typer
 
 from .engines import EngineError
 
+# A path the stage's command in dvc.yaml passes (`--out data/...`): paths live in dvc.yaml only.
+PathOpt = Annotated[Path, typer.Option()]
+
 
 class StageError(RuntimeError):
     """A stage cannot go on; the message says why and what would fix it."""
+
+
+@contextlib.contextmanager
+def params_key(key: str) -> Iterator[None]:
+    """Prefix a library error with the params key (section) whose values caused it: the library
+    speaks of its own arguments, and the same code serves several stages."""
+    try:
+        yield
+    except (ValueError, KeyError, FileNotFoundError, EngineError) as err:
+        raise StageError(f"{key}: {err.args[0] if err.args else err}") from err
 
 
 def run(main: Callable) -> None:

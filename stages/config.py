@@ -176,6 +176,7 @@ class TrainParams:
     device: str = "auto"
     cpu_threads: int | None = None  # torch threads on CPU; None = torch's default
     draft: dict = field(default_factory=dict)  # overrides of the draft layer's shapes
+    sglang_version: str | None = None  # the SGLang serving the drafter; None: ids for every one
 
 
 @dataclass(frozen=True)

@@ -17,16 +17,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import config
-from .cli import StageError, run
+from .artifacts.prompts import read_prompts
+from .artifacts.raw import RAW_SCHEMA, append_part, compact, last_turns, read_raw
+from .cli import PathOpt, StageError, params_key, run
 from .engines import Completion, Sampling
-from .io import remove_stale_temps, write_json
-from .monitor import Backlog, GenerationMonitor, run_backlog
-from .prompts import read_prompts
-from .raw import RAW_SCHEMA, append_part, compact, last_turns, read_raw
-from .target import (load_tokenizer, model_fingerprint, pad_id, server_command, start_launched,
-                     token_roles)
-from .tokens import TokenRoles, analyze_output
-from .turns import TurnQueue
+from .engines.monitor import Backlog, GenerationMonitor, run_backlog
+from .engines.turns import TurnQueue
+from .runtime.io import remove_stale_temps, write_json
+from .target.tokens import TokenRoles, analyze_output
+from .target.tokenizer import pad_id
+from .wiring import target_fingerprint, target_roles, target_tokenizer
 
 
 def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
@@ -35,27 +35,33 @@ def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
                     stop_ids=tuple(roles.stop_ids))
 
 
-def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str) -> str:
-    """Everything that shapes the generated tokens; a change regenerates the dataset."""
-    payload = json.dumps([model_fingerprint(target), sampling.__dict__, regenerate],
-                         sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
 def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokenizer):
+    """The generation engine params name (for sglang with `launch`, its server started)."""
     if gen.engine == "hf":
-        from .engines.hf import HFEngine, load_causal_lm
-        model = load_causal_lm(target.path, target.device, target.dtype, target.trust_remote_code,
-                               target.cpu_threads)
+        from .engines.hf import HFEngine
+        from .target.model import load_causal_lm
+        with params_key("target"):
+            model = load_causal_lm(target.path, target.device, target.dtype,
+                                   target.trust_remote_code, target.cpu_threads)
         return HFEngine(model, pad_id(tokenizer), gen.batch_size)
     if gen.engine == "sglang":
         from .engines.sglang import SGLangEngine
         s, urls = gen.sglang, gen.sglang.urls
         if s.launch is not None:
-            urls = [start_launched(s.launch, server_command(s.launch, target)).url]
-        return SGLangEngine(urls, s.concurrency, s.timeout_s, s.connect_timeout_s, s.max_retries,
-                            s.backoff_s, s.backoff_max_s)
+            from .launch import server_command, start_launched
+            urls = [start_launched(s.launch, server_command(s.launch, target),
+                                   "generate.sglang.launch").url]
+        with params_key("generate.sglang"):
+            return SGLangEngine(urls, s.concurrency, s.timeout_s, s.connect_timeout_s,
+                                s.max_retries, s.backoff_s, s.backoff_max_s)
     raise StageError(f"generate.engine: {gen.engine!r} is not one of 'hf', 'sglang'")
+
+
+def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str) -> str:
+    """Everything that shapes the generated tokens; a change regenerates the dataset."""
+    payload = json.dumps([target_fingerprint(target), sampling.__dict__, regenerate],
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
 def completion_row(prompt: dict, done: Completion, roles: TokenRoles, engine: str, fp: str,
@@ -72,8 +78,8 @@ def completion_row(prompt: dict, done: Completion, roles: TokenRoles, engine: st
 def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.GenerateParams,
                      budget_tokens: int, target: config.TargetParams, engine=None,
                      others: list[Backlog] = ()) -> dict:
-    tokenizer = load_tokenizer(target)
-    roles = token_roles(target, tokenizer)
+    tokenizer = target_tokenizer(target)
+    roles = target_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
     prompts, settings = read_prompts(prompts_path)
     fp = fingerprint(target, sampling, settings.regenerate)
@@ -100,23 +106,26 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
                 return
             yield request
 
-    engine = engine or make_engine(gen, target, tokenizer)
-    monitor = GenerationMonitor(name, queue.planned_turns, existing.num_rows, budget_tokens, used,
-                                others, getattr(engine, "urls", ()))
-    buffer: list[dict] = []
     start = time.monotonic()
-    for done in engine.generate(requests(), sampling):
-        prompt = queue.complete(done)
-        buffer.append(completion_row(prompt, done, roles, engine.name, fp, tokenizer))
-        state["tokens"] += len(done.output_ids)
-        state["new"] += 1
-        monitor.update(done)
-        if len(buffer) >= gen.append_every:
+    if used < budget_tokens and queue.has_unsent():  # else no engine (no server) is started
+        engine = engine or make_engine(gen, target, tokenizer)
+        monitor = GenerationMonitor(name, queue.planned_turns, existing.num_rows, budget_tokens,
+                                    used, others, getattr(engine, "urls", ()))
+        buffer: list[dict] = []
+        for done in engine.generate(requests(), sampling):
+            prompt = queue.complete(done)
+            buffer.append(completion_row(prompt, done, roles, engine.name, fp, tokenizer))
+            state["tokens"] += len(done.output_ids)
+            state["new"] += 1
+            monitor.update(done)
+            if len(buffer) >= gen.append_every:
+                append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
+                buffer.clear()
+        if buffer:
             append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
-            buffer.clear()
-    if buffer:
-        append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
-    monitor.print()
+        monitor.print()
+    else:
+        print(f"[generate {name}] nothing left to generate: no engine started")
     elapsed = time.monotonic() - start
     table = read_raw(out_dir) if out_dir.exists() else RAW_SCHEMA.empty_table()
     table = table.filter(pc.is_in(table.column("sample_id"), wanted))
@@ -135,22 +144,20 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
         "budget_reached": state["tokens"] >= budget_tokens,
         "failed": reasons.count("abort"),
         "tokens_per_s": round(new_tokens / elapsed, 1) if state["new"] else None,
-        "engine": engine.name, "fingerprint": fp,
+        "engine": engine.name if engine else gen.engine, "fingerprint": fp,
     }
 
 
-def main(dataset: str, params: Path = config.PARAMS_FILE,
-         prompts_dir: Path = Path("data/prompts"), out_dir: Path = Path("data/raw"),
-         report_dir: Path = Path("reports/generate")) -> None:
-    """Generate the target's replies for one dataset."""
+def main(dataset: str, prompts: PathOpt, out: PathOpt, report: PathOpt,
+         params: Path = config.PARAMS_FILE) -> None:
+    """Generate the target's replies for one dataset: prompts file -> raw directory."""
     ds = config.dataset(dataset, params)
     budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}
     gen = config.section(config.GenerateParams, "generate", params)
     target = config.section(config.TargetParams, "target", params)
-    metrics = generate_dataset(dataset, prompts_dir / f"{dataset}.parquet", out_dir / dataset,
-                               gen, ds.generate.budget_tokens, target,
-                               others=run_backlog(budgets, prompts_dir, out_dir))
-    write_json(metrics, report_dir / f"{dataset}.json")
+    metrics = generate_dataset(dataset, prompts, out, gen, ds.generate.budget_tokens, target,
+                               others=run_backlog(budgets, prompts.parent, out.parent))
+    write_json(metrics, report)
     print(f"[generate {dataset}] " + "  ".join(f"{k} {v}" for k, v in metrics.items()))
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import config
-from .cli import StageError, run
-from .io import atomic_path, write_json
+from .artifacts import merged
+from .artifacts.raw import parts
+from .cli import PathOpt, StageError, run
 from .queries import open_samples, rows, sql
-from .raw import parts
+from .runtime.io import atomic_path, write_json
 
-COLUMNS = "sample_id, dataset, input_ids, loss_spans, length, truncated, split"
 COUNTS = ("samples", "duplicates", "tokens", "supervised_tokens", "turns", "truncated",
           "shortened")
 
@@ -36,9 +36,9 @@ def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> di
         raise StageError(f"merge: turns whose ids are not the start of their sample's later "
                          f"turns ({where}): the raw data mixes runs; delete data/raw/"
                          f"{misplaced[0]['dataset']} and generate it again")
-    for split in ("train", "eval"):
-        with atomic_path(out_dir / f"{split}.parquet") as tmp:
-            con.execute(f"COPY (SELECT {COLUMNS} FROM merged WHERE NOT duplicate AND "
+    for split in merged.SPLITS:
+        with atomic_path(merged.split_path(out_dir, split)) as tmp:
+            con.execute(f"COPY (SELECT {', '.join(merged.COLUMNS)} FROM merged WHERE NOT duplicate AND "
                         f"split = '{split}') TO '{tmp}' (FORMAT parquet, COMPRESSION zstd)")
     per = rows(con, "merged_counts")
     totals: dict = {"train": {}, "eval": {}}
@@ -52,12 +52,11 @@ def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> di
     return {"summary": summary, "per_dataset": totals}
 
 
-def main(params: Path = config.PARAMS_FILE, raw_dir: Path = Path("data/raw"),
-         out_dir: Path = Path("data/merged"), report: Path = Path("reports/merge.json")) -> None:
-    """Merge, dedupe, shuffle and split all generated datasets."""
+def main(raw: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.PARAMS_FILE) -> None:
+    """Merge, dedupe, shuffle and split all generated datasets (raw dir -> merged dir)."""
     merge_params = config.section(config.MergeParams, "merge", params)
     names = sorted(config.datasets(params))
-    metrics = merge([raw_dir / n for n in names], out_dir, merge_params)
+    metrics = merge([raw / n for n in names], out, merge_params)
     write_json(metrics, report)
     print(f"[merge] {metrics['summary']}")
 

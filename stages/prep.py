@@ -1,31 +1,48 @@
 """prep@<dataset>: source rows -> chat messages -> the target's chat template -> prompt token ids.
 
 Reads params `target`, `datasets.<name>.prep` and `datasets.<name>.expect.reasoning` (every
-generation prompt must end as it promises, stages/template.py). With `regenerate: all_turns` each
+generation prompt must end as it promises, target/template.py). With `regenerate: all_turns` each
 conversation also gets the ids the template adds between its turns. Writes
 data/prompts/<name>.parquet and reports/prep/<name>.json (rows read, malformed, duplicate, too
 long, kept, turns).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import heapq
 import json
 from pathlib import Path
+from typing import Iterator
 
 from . import config
-from .cli import StageError, run
-from .io import write_json
-from .prompts import PromptSettings, write_prompts
+from .cli import PathOpt, StageError, run
+from .runtime.io import write_json
+from .artifacts.prompts import PromptSettings, write_prompts
 from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
-from .target import load_tokenizer, token_roles
-from .template import ChatTemplate, TemplateError
+from .target.template import ChatTemplate, TemplateError
+from .wiring import target_roles, target_tokenizer
 
 
 def normalized_key(messages: list[dict], tools: list | None) -> str:
     """Prompt identity for dedupe: content with case and whitespace folded."""
     text = json.dumps([messages, tools], sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(" ".join(text.lower().split()).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def template_params(dataset: str, where: str = "") -> Iterator[None]:
+    """A template problem as a stage error naming the params keys that would fix it."""
+    try:
+        yield
+    except TemplateError as err:
+        keys = {"expect_reasoning": f"datasets.{dataset}.expect.reasoning",
+                "regenerate": f"datasets.{dataset}.prep.regenerate",
+                "template_kwargs": "target.template_kwargs",
+                "chat_template": "target.chat_template", "roles": "target.roles"}
+        at = f" ({where})" if where else ""
+        raise StageError(f"dataset {dataset}: {err}{at}; params: "
+                         f"{', '.join(keys[s] for s in err.settings)}") from None
 
 
 def turn_messages(messages: list[dict], all_turns: bool) -> list[tuple[int, int]]:
@@ -36,13 +53,13 @@ def turn_messages(messages: list[dict], all_turns: bool) -> list[tuple[int, int]
 
 def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
             target: config.TargetParams, out: Path, report: Path) -> dict:
-    tokenizer = load_tokenizer(target)
-    roles = token_roles(target, tokenizer)
+    tokenizer = target_tokenizer(target)
+    roles = target_roles(target, tokenizer)
     all_turns = prep.regenerate == "all_turns"
-    try:
-        template = ChatTemplate(tokenizer, roles, target, name, expect.reasoning, all_turns)
-    except TemplateError as err:
-        raise StageError(str(err)) from None
+    with template_params(name):
+        template = ChatTemplate(tokenizer, roles, target.template_kwargs,
+                                target.chat_template or f"the chat template of {target.path}",
+                                expect.reasoning, all_turns)
     counts = dict(rows=0, malformed=0, duplicate=0, too_long=0, sampled_out=0, kept=0, turns=0)
     seen: set[str] = set()
     ids_seen: set[str] = set()
@@ -75,10 +92,8 @@ def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
         if sample_id in ids_seen:  # a source id reused for different content: keep both, apart
             sample_id = f"{sample_id}~{key[:8]}"
         ids_seen.add(sample_id)
-        try:
+        with template_params(name, f"sample {sample_id} of {prep.path}"):
             plan = template.plan([conv.messages[a:b] for a, b in bounds], conv.tools)
-        except TemplateError as err:
-            raise StageError(f"{err} (sample {sample_id} of {prep.path})") from None
         ids = plan.prompt_ids
         if len(ids) > prep.max_prompt_tokens:
             counts["too_long"] += 1
@@ -105,13 +120,12 @@ def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
     return counts
 
 
-def main(dataset: str, params: Path = config.PARAMS_FILE,
-         out_dir: Path = Path("data/prompts"), report_dir: Path = Path("reports/prep")) -> None:
+def main(dataset: str, out: PathOpt, report: PathOpt,
+         params: Path = config.PARAMS_FILE) -> None:
     """Build the prompt ids of one dataset."""
     ds = config.dataset(dataset, params)
     target = config.section(config.TargetParams, "target", params)
-    counts = prepare(dataset, ds.prep, ds.expect, target, out_dir / f"{dataset}.parquet",
-                     report_dir / f"{dataset}.json")
+    counts = prepare(dataset, ds.prep, ds.expect, target, out, report)
     print(f"[prep {dataset}] " + "  ".join(f"{k} {v}" for k, v in counts.items()))
 
 

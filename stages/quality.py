@@ -15,10 +15,10 @@ from decimal import Decimal
 from pathlib import Path
 
 from . import config
-from .cli import StageError, run
-from .io import write_csv, write_json, write_text
+from .cli import PathOpt, StageError, run
+from .runtime.io import write_csv, write_json, write_text
 from .queries import open_samples, rows
-from .raw import parts
+from .artifacts.raw import parts
 
 HISTOGRAM_COLUMNS = ["dataset", "measure", "bucket", "bucket_start", "samples"]
 QUESTIONS = ("length_distribution", "reasoning_presence", "finish_reasons",
@@ -126,8 +126,8 @@ def _table(records: list[dict]) -> list[str]:
             + ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in records])
 
 
-def main(params: Path = config.PARAMS_FILE, raw_dir: Path = Path("data/raw"),
-         prep_dir: Path = Path("reports/prep"), report_dir: Path = Path("reports")) -> None:
+def main(raw_dir: PathOpt, prep_dir: PathOpt, report: PathOpt, summary: PathOpt, plot: PathOpt,
+         params: Path = config.PARAMS_FILE) -> None:
     """Answer the quality questions and apply the gate."""
     q = config.section(config.QualityParams, "quality", params)
     datasets = config.datasets(params)
@@ -137,12 +137,12 @@ def main(params: Path = config.PARAMS_FILE, raw_dir: Path = Path("data/raw"),
     prep_reports = {n: json.loads((prep_dir / f"{n}.json").read_text())
                     for n in datasets if (prep_dir / f"{n}.json").exists()}
     failures = gate(answers, {n: d.expect for n, d in datasets.items()}, q)
-    write_json(metrics(answers, prep_reports, failures), report_dir / "quality.json")
-    write_text(markdown(answers, prep_reports, failures), report_dir / "quality.md")
-    write_csv(answers["length_histogram"], report_dir / "plots" / "lengths.csv", HISTOGRAM_COLUMNS)
+    write_json(metrics(answers, prep_reports, failures), report)
+    write_text(markdown(answers, prep_reports, failures), summary)
+    write_csv(answers["length_histogram"], plot, HISTOGRAM_COLUMNS)
     if failures:
         raise StageError("quality gate failed:\n  " + "\n  ".join(failures)
-                         + f"\n(see {report_dir / 'quality.md'})")
+                         + f"\n(see {summary})")
     print(f"[quality] gate passed for {len(datasets)} datasets")
 
 

@@ -18,15 +18,17 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from . import config, distributed
-from .cli import StageError, run
+from . import config
+from .artifacts import hidden
+from .artifacts.hidden import HiddenStates
+from .cli import PathOpt, StageError, params_key, run
 from .drafter.export import check_export, export_drafter
-from .drafter.hidden import HiddenStates
 from .drafter.model import Eagle3Config, Eagle3Drafter
 from .drafter.training import LoopSettings, Objective, train
-from .engines.hf import resolve_device, set_cpu_threads
-from .engines.weights import embedding_and_head
-from .io import remove_stale_temps, write_csv, write_json
+from .runtime import parallel
+from .runtime.device import resolve_device, set_cpu_threads
+from .runtime.io import remove_stale_temps, write_csv, write_json
+from .target.weights import embedding_and_head
 
 
 def build_drafter(target_config, meta: dict, vocab_file: Path, draft: dict) -> Eagle3Drafter:
@@ -67,21 +69,19 @@ def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
     write_json(run, run_file)
 
 
-def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden"),
-         vocab_file: Path = Path("data/vocab/d2t_t2d.safetensors"),
-         checkpoint_dir: Path = Path("models/checkpoints"), out_dir: Path = Path("models/drafter"),
-         report_dir: Path = Path("reports")) -> None:
+def main(hidden_dir: PathOpt, vocab_file: PathOpt, checkpoint_dir: PathOpt, out_dir: PathOpt,
+         report: PathOpt, plots: PathOpt, params: Path = config.PARAMS_FILE) -> None:
     """Train the drafter (torchrun for several GPUs) and export the best checkpoint."""
     p = config.section(config.TrainParams, "train", params)
     target = config.section(config.TargetParams, "target", params)
-    rank, device = distributed.start(resolve_device(p.device))
+    rank, device = parallel.start(resolve_device(p.device))
     if device.type == "cpu":
         set_cpu_threads(p.cpu_threads)
     if p.batch_size % rank.world:
         raise StageError(f"train.batch_size: {p.batch_size} samples do not split evenly over "
                          f"{rank.world} processes; use a multiple of {rank.world}")
     torch.manual_seed(p.seed)
-    meta = json.loads((hidden_dir / "meta.json").read_text())
+    meta = json.loads((hidden_dir / hidden.META).read_text())
     target_config = AutoConfig.from_pretrained(target.path, local_files_only=True,
                                                trust_remote_code=target.trust_remote_code)
     drafter = build_drafter(target_config, meta, vocab_file, p.draft)
@@ -89,7 +89,7 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
     train_set = HiddenStates(hidden_dir, "train", p.max_length)
     eval_set = HiddenStates(hidden_dir, "eval", p.max_length)
     if not len(train_set):
-        raise StageError(f"{hidden_dir}/index.parquet: no train samples; check extract.splits")
+        raise StageError(f"{hidden_dir / hidden.INDEX}: no train samples; check extract.splits")
     s = settings(p, len(train_set))
     if rank.main:
         start_or_resume(checkpoint_dir, {"train": p.__dict__, "hidden": meta["fingerprint"],
@@ -109,9 +109,12 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
                           map_location="cpu", weights_only=True)
         drafter.load_state_dict(best["model"])
         remove_stale_temps(out_dir.parent)  # a killed export's half-written directory
-        export_drafter(drafter.cpu(), drafter.cfg, out_dir, target_config,
-                       extra={"training": p.__dict__, "hidden_meta": meta})
-        check_export(out_dir, target_config, meta["aux_hf_indices"])
+        with params_key("train.sglang_version"):
+            export_drafter(drafter.cpu(), drafter.cfg, out_dir, target_config,
+                           extra={"training": p.__dict__, "hidden_meta": meta},
+                           sglang_version=p.sglang_version)
+            check_export(out_dir, target_config, meta["aux_hf_indices"],
+                         sglang_version=p.sglang_version)
         best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
         metrics = {"steps": s.total_steps, "final_loss": history.steps[-1]["loss"],
                    "best_step": best_eval and best_eval["step"],
@@ -119,16 +122,16 @@ def main(params: Path = config.PARAMS_FILE, hidden_dir: Path = Path("data/hidden
                    "best_simulated_tau": best_eval and best_eval["simulated_tau"],
                    "eval_num_steps": p.eval_num_steps, "world_size": rank.world,
                    "tokens_per_s": round(history.tokens_per_s, 1)}
-        write_json(metrics, report_dir / "train.json")
-        write_csv(history.steps, report_dir / "plots" / "train_loss.csv")
+        write_json(metrics, report)
+        write_csv(history.steps, plots / "train_loss.csv")
         if best_eval:
             write_csv([{"position": k + 1, "accuracy": best_eval["accuracy"][k],
                         "conditional": best_eval["acceptance_conditional"][k],
                         "unconditional": best_eval["acceptance_unconditional"][k]}
                        for k in range(p.ttt_steps)],
-                      report_dir / "plots" / "train_acceptance.csv")
+                      plots / "train_acceptance.csv")
         print(f"[train] {metrics}")
-    distributed.stop(rank)
+    parallel.stop(rank)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,11 @@ from safetensors.torch import save_file
 from transformers import AutoConfig
 
 from . import config
-from .cli import StageError, run
+from .artifacts.merged import split_path
+from .cli import PathOpt, StageError, run
 from .drafter.vocab import build_draft_vocab
-from .io import atomic_path, write_json
 from .queries import rows
+from .runtime.io import atomic_path, write_json
 
 
 def supervised_counts(train_file: Path, vocab_size: int) -> torch.Tensor:
@@ -30,10 +31,9 @@ def supervised_counts(train_file: Path, vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def main(params: Path = config.PARAMS_FILE, train_file: Path = Path("data/merged/train.parquet"),
-         out: Path = Path("data/vocab/d2t_t2d.safetensors"),
-         report: Path = Path("reports/vocab.json")) -> None:
-    """Build the draft vocabulary."""
+def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.PARAMS_FILE) -> None:
+    """Build the draft vocabulary from the merged train split."""
+    train_file = split_path(merged, "train")
     vocab = config.section(config.VocabParams, "vocab", params)
     target = config.section(config.TargetParams, "target", params)
     vocab_size = AutoConfig.from_pretrained(target.path, local_files_only=True,

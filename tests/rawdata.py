@@ -5,7 +5,7 @@ import json
 
 import pyarrow as pa
 
-from stages.raw import RAW_SCHEMA, append_part
+from stages.artifacts.raw import RAW_SCHEMA, append_part
 
 
 def raw_row(dataset: str, n: int, *, prompt: str | None = None, prompt_len: int = 5,

@@ -12,15 +12,17 @@ import pytest
 
 from stages import config
 from stages.cli import StageError
-from stages.engines.hf import HFEngine, load_causal_lm
+from stages.engines.hf import HFEngine
+from stages.target.model import load_causal_lm
 from stages.engines.hf_server import HFServer, model_eos_ids
-from stages.extract import span_mask
+from stages.artifacts.hidden import span_mask
 from stages.generate import generate_dataset
 from stages.merge import merge
 from stages.prep import prepare
-from stages.raw import read_raw
+from stages.artifacts.raw import read_raw
 from stages.sources import read_conversations, turn_bounds
-from stages.target import load_tokenizer, pad_id, render_prompt, token_roles
+from stages.target.tokenizer import pad_id, render_prompt
+from stages.wiring import target_roles, target_tokenizer
 from stages.vocab import supervised_counts
 from tests.conftest import DEMO_TARGET, ROOT, SHARED
 from tests.rawdata import write_raw
@@ -81,12 +83,12 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def tok():
-    return load_tokenizer(TARGET)
+    return target_tokenizer(TARGET)
 
 
 @pytest.fixture(scope="module")
 def eot(tok):
-    return token_roles(TARGET, tok).end_of_turn
+    return target_roles(TARGET, tok).end_of_turn
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +319,7 @@ def test_prep_refuses_a_template_that_rewrites_earlier_turns(prompts, tmp_path):
         prepare("chat", prep, config.ExpectParams(), target, tmp_path / "p", tmp_path / "r")
     for needle in ("dataset chat: regenerate: all_turns", str(tmp_path / "t.jinja"),
                    "does it drop earlier reasoning?", "'thought</think>",
-                   "datasets.chat.prep.regenerate: last_turn"):
+                   "regenerate: last_turn", "params: datasets.chat.prep.regenerate"):
         assert needle in str(err.value)
     last = dataclasses.replace(prep, regenerate="last_turn")
     assert prepare("chat", last, config.ExpectParams(), target, tmp_path / "p", tmp_path / "r")[

@@ -18,15 +18,18 @@ import yaml
 from stages import benchmark
 from stages.cli import StageError
 from stages.config import BenchmarkParams, BenchmarkSGLangParams, SGLangLaunchParams, TargetParams
-from stages.drafter import Eagle3Config, Eagle3Drafter, export_drafter, load_drafter
+from stages.drafter.export import export_drafter, load_drafter
+from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.engines import Completion, Sampling, hf_server
-from stages.engines.hf import HFEngine, load_causal_lm
+from stages.engines.hf import HFEngine
+from stages.target.model import load_causal_lm
 from stages.engines.hf_server import HFServer, Speculative, model_eos_ids
 from stages.engines.sglang import Reply, SGLangError
 from stages.engines.sglang_bench import (ServerRun, acceptance, check_speculative_server, measure,
                                          server_facts)
 from stages.engines.sglang_server import is_healthy
-from stages.target import load_tokenizer, pad_id, render_prompt, token_roles
+from stages.target.tokenizer import pad_id, render_prompt
+from stages.wiring import target_roles, target_tokenizer
 from tests.conftest import STORIES
 from tests.engines.conftest import client, free_port
 
@@ -56,7 +59,7 @@ def target() -> TargetParams:
 
 @pytest.fixture(scope="module")
 def tokenizer(target):
-    return load_tokenizer(target)
+    return target_tokenizer(target)
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +126,8 @@ def run_stage(tmp_path: Path, target: TargetParams, eval_file: Path, drafter_dir
                    "device": "cpu", "dtype": "float32"},
         "benchmark": {"mode": "sglang", "num_steps": NUM_STEPS, "temperatures": [0.0],
                       "max_new_tokens": MAX_NEW_TOKENS, "sglang": {"concurrency": 2, **sglang}}}))
-    benchmark.main(params, eval_file, drafter_dir, tmp_path / "reports")
+    benchmark.main(eval_file.parent, drafter_dir, tmp_path / "reports" / "benchmark.json",
+                   tmp_path / "reports" / "plots" / "benchmark_acceptance.csv", params)
     return json.loads((tmp_path / "reports" / "benchmark.json").read_text())
 
 
@@ -144,7 +148,7 @@ def in_process(model, drafter_dir, prompts, target, tokenizer) -> dict:
     """The hf mode's figures on the same prompts, at temperature 0."""
     drafter, _ = load_drafter(drafter_dir)
     b = BenchmarkParams(num_steps=NUM_STEPS, temperatures=[0.0], max_new_tokens=MAX_NEW_TOKENS)
-    stop_ids = token_roles(target, tokenizer).stop_ids
+    stop_ids = target_roles(target, tokenizer).stop_ids
     return benchmark.benchmark(model, drafter.eval(), prompts, b, stop_ids)["temperatures"]["0.0"]
 
 

@@ -20,7 +20,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from stages.drafter.vocab import build_draft_vocab
-from stages.engines.sglang_server import NCCL_ENV
+from stages.runtime.parallel import NCCL_ENV
 from tests.conftest import ROOT, STORIES
 
 pytestmark = pytest.mark.timeout(300)
@@ -115,7 +115,7 @@ def runs(tmp_path_factory) -> dict:
     out = {"tmp": tmp}
     for world in (1, WORLD):
         out[f"extract-{world}"] = stage("stages.extract", [
-            "--params", params, "--merged-dir", merged, "--out-dir", tmp / f"hidden-{world}",
+            "--params", params, "--merged", merged, "--out", tmp / f"hidden-{world}",
             "--report", tmp / f"reports-{world}" / "extract.json"], tmp, world)
     for world in (1, WORLD):
         out[f"train-{world}"] = stage("stages.train", train_args(tmp, str(world)), tmp, world)
@@ -127,7 +127,7 @@ def train_args(tmp: Path, run: str) -> list:
     return ["--params", tmp / "params.yaml", "--hidden-dir", tmp / "hidden-1",
             "--vocab-file", tmp / "vocab" / "d2t_t2d.safetensors",
             "--checkpoint-dir", tmp / f"checkpoints-{run}", "--out-dir", tmp / f"drafter-{run}",
-            "--report-dir", tmp / f"reports-{run}"]
+            "--report", tmp / f"reports-{run}" / "train.json", "--plots", tmp / f"reports-{run}" / "plots"]
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -49,3 +49,28 @@ def test_repro_noop_budget_change_and_metrics_diff(repo):
 
     diff = json.loads(sh(["dvc", "metrics", "diff", "--json"], repo).stdout)
     assert diff[f"reports/generate/{one}.json"]["samples"] == {"old": 2, "new": 6, "diff": 4}
+
+
+def test_settings_that_shape_no_output_rerun_nothing_and_code_deps_do(repo):
+    """Leaf params: a timeout, the append interval, a batch size or the engine's servers do not
+    rerun generate (with `launch` that would start a server per dataset to find nothing to do);
+    a change to a module a stage imports reruns that stage."""
+    sh(["dvc", "repro", "merge", "quality"], repo)
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "run", "--allow-empty"], repo)
+
+    def transport(p):
+        p["generate"]["sglang"].update(timeout_s=7, max_retries=1, urls=["http://127.0.0.1:9"])
+        p["generate"].update(append_every=5, batch_size=3)
+        p["target"].update(device="cpu", cpu_threads=2)
+
+    set_params(repo, transport)
+    assert ran_stages(sh(["dvc", "repro", "merge", "quality"], repo).stdout) == set()
+
+    tokens = repo / "stages" / "target" / "tokens.py"
+    tokens.write_text(tokens.read_text() + "\n# a change to the token roles' module\n")
+    status = sh(["dvc", "status", "--json"], repo).stdout
+    changed = set(json.loads(status))
+    names = yaml.safe_load((repo / "params.yaml").read_text())["datasets"]
+    assert {f"prep@{n}" for n in names} | {f"generate@{n}" for n in names} <= changed, changed
+    assert "merge" not in changed and "vocab" not in changed  # they do not import it

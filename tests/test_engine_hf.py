@@ -1,7 +1,8 @@
 import pytest
 
 from stages.engines import Sampling, trim_at_stop
-from stages.engines.hf import HFEngine, load_causal_lm
+from stages.engines.hf import HFEngine
+from stages.target.model import load_causal_lm
 
 
 @pytest.fixture(scope="module")

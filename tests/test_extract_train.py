@@ -11,12 +11,12 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from stages import config
-from stages.drafter.hidden import HiddenStates
+from stages.artifacts.hidden import HiddenStates
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import LoopSettings, Objective, autocast_for, evaluate, train
 from stages.drafter.vocab import build_draft_vocab
-from stages.engines.hf import load_causal_lm
-from stages.engines.weights import embedding_and_head
+from stages.target.model import load_causal_lm
+from stages.target.weights import embedding_and_head
 from stages.extract import extract
 from tests.conftest import STORIES
 

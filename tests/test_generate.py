@@ -6,9 +6,11 @@ import pytest
 
 from stages import config
 from stages.engines import Sampling
-from stages.engines.hf import HFEngine, load_causal_lm
+from stages.engines.hf import HFEngine
+from stages.target.model import load_causal_lm
+from stages import generate
 from stages.generate import generate_dataset
-from stages.raw import parts, read_raw
+from stages.artifacts.raw import parts, read_raw
 from tests.conftest import STORIES
 
 TARGET = config.TargetParams(path=str(STORIES),
@@ -95,3 +97,23 @@ def test_rows_carry_the_contract(tmp_path, prompts, engine):
     assert row["finish_reason"] == "length" and row["engine"] == "hf"
     assert row["reasoning_tokens"] is None and row["answer_tokens"] == 12
     assert row["prompt_ids"] == [1, 300, 400]
+
+
+@pytest.mark.parametrize("budget", [10**6, 30])
+def test_nothing_left_to_generate_starts_no_engine(tmp_path, prompts, engine, monkeypatch, budget):
+    """A rerun with every sample done, or the budget spent, builds no engine: with `launch` set
+    that would start a server (tens of minutes for a large target) to find nothing to do."""
+    out = tmp_path / "raw"
+    generate_dataset("d", prompts, out, gen_params(), budget, TARGET, engine)
+
+    def no_engine(*_):
+        raise AssertionError("an engine was built with nothing left to generate")
+
+    monkeypatch.setattr(generate, "make_engine", no_engine)
+    sglang = gen_params(engine="sglang", sglang=config.SGLangParams(
+        launch=config.SGLangLaunchParams(module="sglang.launch_server")))
+    again = generate_dataset("d", prompts, out, sglang, budget, TARGET)
+    assert again["new_samples"] == 0 and again["engine"] == "sglang"
+    if budget == 30:  # samples are left: a raised budget does build one (the patch is live)
+        with pytest.raises(AssertionError, match="an engine was built"):
+            generate_dataset("d", prompts, out, sglang, 10**6, TARGET)

@@ -23,8 +23,8 @@ import pytest
 import torch
 import yaml
 
-from stages.io import remove_stale_temps, temp_path
-from stages.raw import parts, read_raw
+from stages.runtime.io import remove_stale_temps, temp_path
+from stages.artifacts.raw import parts, read_raw
 from tests.conftest import ROOT
 from tests.test_distributed import (stage, stage_env, train_args, write_merged, write_params,
                                     write_vocab)
@@ -114,8 +114,8 @@ def work(tmp_path_factory) -> Path:
 
 
 def generate_args(tmp: Path, run: str) -> list:
-    return ["d", "--params", tmp / "params.yaml", "--prompts-dir", tmp / "prompts",
-            "--out-dir", tmp / f"raw-{run}", "--report-dir", tmp / f"reports-{run}"]
+    return ["d", "--params", tmp / "params.yaml", "--prompts", tmp / "prompts" / "d.parquet",
+            "--out", tmp / f"raw-{run}" / "d", "--report", tmp / f"reports-{run}" / "d.json"]
 
 
 def test_generate_killed_then_rerun(work, prompts):  # noqa: F811
@@ -140,8 +140,8 @@ def test_generate_killed_then_rerun(work, prompts):  # noqa: F811
 
 
 def extract_args(tmp: Path, out: str) -> list:
-    return ["--params", tmp / "params.yaml", "--merged-dir", tmp / "merged",
-            "--out-dir", tmp / out, "--report", tmp / f"{out}.json"]
+    return ["--params", tmp / "params.yaml", "--merged", tmp / "merged",
+            "--out", tmp / out, "--report", tmp / f"{out}.json"]
 
 
 def test_extract_killed_then_rerun(work):

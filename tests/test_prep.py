@@ -35,8 +35,9 @@ def project(tmp_path, rows: list, *, fmt: str = "sharegpt", prep_extra: dict | N
 
 
 def run_prep(tmp_path, params, monkeypatch, capsys):
-    return run_stage(prep.main, ["chat", "--params", params, "--out-dir", tmp_path / "prompts",
-                                 "--report-dir", tmp_path / "reports"], monkeypatch, capsys)
+    return run_stage(prep.main, ["chat", "--params", params,
+                                 "--out", tmp_path / "prompts" / "chat.parquet",
+                                 "--report", tmp_path / "reports" / "chat.json"], monkeypatch, capsys)
 
 
 def test_prompts_are_the_chat_template_ids(tmp_path, monkeypatch, capsys):
@@ -120,13 +121,16 @@ NO_GENERATION_PROMPT = DEMO_TEMPLATE.split("{%- if add_generation_prompt -%}")[0
 @pytest.mark.parametrize("target, expect, needles", [
     ({"template_kwargs": {"thinking": False}}, True,
      ["ends with '<|im_assistant|>assistant<|im_middle|><think></think>'", "closes reasoning",
-      "datasets.chat.expect.reasoning is true", "target.template_kwargs (e.g. {thinking: true})"]),
+      "but reasoning is expected", "template kwargs (e.g. {thinking: true})",
+      "params: target.template_kwargs, target.chat_template, datasets.chat.expect.reasoning"]),
     ({}, False,
      ["ends with '<|im_assistant|>assistant<|im_middle|><think>'", "opens reasoning",
-      "datasets.chat.expect.reasoning is false", "{thinking: false}"]),
+      "no reasoning is expected", "{thinking: false}",
+      "params: datasets.chat.expect.reasoning, target.template_kwargs"]),
     ({"chat_template": "no_generation_prompt.jinja"}, True,
      ["<|im_end|>'", "no_generation_prompt.jinja adds nothing for the reply",
-      "the prompt must open the assistant's turn: fix target.chat_template"]),
+      "the prompt must open the assistant's turn: fix the chat template",
+      "params: target.chat_template"]),
 ])
 def test_a_prompt_that_does_not_end_as_promised_fails_prep(tmp_path, monkeypatch, capsys,
                                                            demo_target, target, expect, needles):

@@ -1,7 +1,7 @@
 import pytest
 
 from stages.config import ExpectParams, QualityParams
-from stages.io import write_csv
+from stages.runtime.io import write_csv
 from stages.quality import HISTOGRAM_COLUMNS, answer, gate, markdown, metrics
 from tests.rawdata import raw_row, write_raw
 

@@ -12,9 +12,11 @@ import yaml
 
 from stages import config, quality
 from stages.engines import Completion
-from stages.engines.hf import HFEngine, load_causal_lm
+from stages.engines.hf import HFEngine
+from stages.target.model import load_causal_lm
 from stages.generate import generate_dataset
-from stages.target import load_tokenizer, pad_id, render_prompt, token_roles
+from stages.target.tokenizer import pad_id, render_prompt
+from stages.wiring import target_roles, target_tokenizer
 from tests.stage_runner import run_stage
 
 PROMPTS = ["Write a Python function that reverses a string.",
@@ -41,8 +43,8 @@ class LosesReasoning:
 def setup(tmp_path_factory, demo_target):
     tmp = tmp_path_factory.mktemp("seeds")
     target = config.TargetParams(path=str(demo_target))
-    tok = load_tokenizer(target)
-    roles = token_roles(target, tok)
+    tok = target_tokenizer(target)
+    roles = target_roles(target, tok)
     rows = []
     for i, text in enumerate(PROMPTS):
         messages = [{"role": "user", "content": text}]
@@ -66,9 +68,11 @@ def test_gate_stops_lost_reasoning(setup, lossy, monkeypatch, capsys):
     gen = config.GenerateParams(max_new_tokens=512, batch_size=4)
     used = LosesReasoning(engine, roles.end_think) if lossy else engine
     generate_dataset("chat", tmp / "chat.parquet", run / "raw" / "chat", gen, 10**6, target, used)
-    code, out, err = run_stage(quality.main, ["--params", params, "--raw-dir", run / "raw",
-                                              "--prep-dir", run / "prep", "--report-dir",
-                                              run / "reports"], monkeypatch, capsys)
+    reports = run / "reports"
+    code, out, err = run_stage(quality.main, [
+        "--params", params, "--raw-dir", run / "raw", "--prep-dir", run / "prep",
+        "--report", reports / "quality.json", "--summary", reports / "quality.md",
+        "--plot", reports / "plots" / "lengths.csv"], monkeypatch, capsys)
     if lossy:
         assert code == 1
         assert ("dataset chat: reasoning closed in 0.0% (minimum 90%, "

@@ -2,7 +2,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from stages.tokens import analyze_output, learn_roles
+from stages.target.tokens import analyze_output, learn_roles
 
 SPECIAL = ["[UNK]", "<|im_end|>", "<think>", "</think>", "<|tool_calls_section_begin|>",
            "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
@@ -35,7 +35,7 @@ def test_roles_are_learned_by_string(tok):
 def test_role_overrides(tok):
     roles = learn_roles(tok, {"end_of_turn": "[EOS]", "think": None})
     assert roles.end_of_turn == tok.eos_token_id and roles.think is None
-    with pytest.raises(ValueError, match="target.roles.end_think: 'nope' is not a single token"):
+    with pytest.raises(ValueError, match="roles.end_think: 'nope' is not a single token"):
         learn_roles(tok, {"end_think": "nope"})
     with pytest.raises(ValueError, match="unknown role"):
         learn_roles(tok, {"thinking": "<think>"})

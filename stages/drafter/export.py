@@ -2,12 +2,15 @@
 
 SGLang and vLLM both load this format (vLLM registers the same architecture name) and both
 silently skip unknown or missing keys, ignore a wrong layer id and replace a null
-`draft_vocab_size` by the full vocabulary. So the exporter checks every fact of REFERENCE.md
-section 3 itself, on the temporary directory, before the checkpoint is renamed into place.
+`draft_vocab_size` by the full vocabulary. So the exporter checks every field, key, shape and
+layer id the engines rely on itself, on the temporary directory, before the checkpoint is renamed
+into place.
 
 One config.json serves both engines: SGLang reads the layer ids from
 `eagle_config.eagle_aux_hidden_state_layer_ids`, vLLM from the top-level
-`eagle_aux_hidden_state_layer_ids`, each written in its own convention (see layers.py). A separate
+`eagle_aux_hidden_state_layer_ids`, each written in its own convention (see layers.py). The SGLang
+ids serve every known SGLang version unless a version is named (`sglang_version`), which some aux
+indices of DeepSeek-family targets need; the check then covers that version only. A separate
 vLLM speculators-format config is not written: vLLM runs this one with the same forward as long as
 `norm_before_residual` is false, which is written explicitly.
 """
@@ -21,7 +24,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..io import atomic_path
+from ..runtime.io import atomic_path
 from .layers import serving_layer_ids, sglang_captured_indices, vllm_captured_indices
 from .model import Eagle3Config, Eagle3Drafter, TargetFacts, rope_fields, target_facts
 
@@ -62,10 +65,13 @@ def expected_tensors(cfg: Eagle3Config) -> dict[str, tuple[tuple[int, ...], torc
     return tensors
 
 
-def serving_config(cfg: Eagle3Config, target_config: Any, dtype: torch.dtype) -> dict:
-    """config.json: the SGLang / vLLM fields, plus what the checkpoint was trained on."""
+def serving_config(cfg: Eagle3Config, target_config: Any, dtype: torch.dtype, *,
+                   sglang_version: str | None = None) -> dict:
+    """config.json: the SGLang / vLLM fields, plus what the checkpoint was trained on. The SGLang
+    layer ids serve every known SGLang version, or `sglang_version` only when one is named."""
     target = target_facts(target_config)
-    ids = serving_layer_ids(target.architecture, list(cfg.aux_layer_ids), target.num_hidden_layers)
+    ids = serving_layer_ids(target.architecture, list(cfg.aux_layer_ids), target.num_hidden_layers,
+                            sglang_version=sglang_version)
     dtype_name = str(dtype).removeprefix("torch.")
     return {
         "architectures": [ARCHITECTURE],
@@ -102,6 +108,7 @@ def serving_config(cfg: Eagle3Config, target_config: Any, dtype: torch.dtype) ->
             "target_hidden_size": target.hidden_size,
             "target_vocab_size": target.vocab_size,
             "target_max_position_embeddings": target.max_position_embeddings,
+            "sglang_version": sglang_version,   # the layer ids' SGLang; None: every version
         },
     }
 
@@ -124,9 +131,10 @@ def config_from_json(config: dict) -> Eagle3Config:
 
 
 def export_drafter(drafter: Eagle3Drafter, cfg: Eagle3Config, out_dir: Path | str,
-                   target_config: Any, extra: dict) -> Path:
+                   target_config: Any, extra: dict, *, sglang_version: str | None = None) -> Path:
     """Write config.json, model.safetensors and training_args.json (`extra`); check the result
-    before renaming it into place."""
+    before renaming it into place. `sglang_version` (e.g. "0.5.12"): the SGLang that will serve
+    the drafter, for aux indices no single id list serves on every version; None: every version."""
     if drafter.cfg != cfg:
         raise ValueError("export_drafter: cfg differs from the drafter's own config")
     try:
@@ -134,26 +142,31 @@ def export_drafter(drafter: Eagle3Drafter, cfg: Eagle3Config, out_dir: Path | st
     except TypeError as e:
         raise ValueError(f"export_drafter: `extra` must be JSON-serialisable ({e})") from e
     state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
-    config = serving_config(cfg, target_config, drafter.fc.weight.dtype)
+    config = serving_config(cfg, target_config, drafter.fc.weight.dtype,
+                            sglang_version=sglang_version)
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / TRAINING_ARGS_FILE).write_text(training_args)
-        check_export(tmp, target_config, list(cfg.aux_layer_ids))
+        check_export(tmp, target_config, list(cfg.aux_layer_ids), sglang_version=sglang_version)
     return out_dir
 
 
-def check_export(out_dir: Path | str, target_config: Any, trained_hf_indices: list[int]) -> None:
-    """Raise ExportError listing everything an engine would load wrongly from `out_dir`."""
+def check_export(out_dir: Path | str, target_config: Any, trained_hf_indices: list[int], *,
+                 sglang_version: str | None = None) -> None:
+    """Raise ExportError listing everything an engine would load wrongly from `out_dir`: among
+    them, layer ids that make vLLM, or SGLang at `sglang_version` (None: at any known version),
+    capture other hidden states than `trained_hf_indices`."""
     out_dir = Path(out_dir)
     missing_files = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (out_dir / f).exists()]
     if missing_files:
         raise ExportError(f"{out_dir}: missing {', '.join(missing_files)}")
     config = json.loads((out_dir / CONFIG_FILE).read_text())
     target = target_facts(target_config)
-    problems = _config_problems(config, target, [int(i) for i in trained_hf_indices])
+    problems = _config_problems(config, target, [int(i) for i in trained_hf_indices],
+                                sglang_version)
     try:
         cfg = config_from_json(config)
     except (KeyError, TypeError, ValueError) as e:
@@ -165,7 +178,8 @@ def check_export(out_dir: Path | str, target_config: Any, trained_hf_indices: li
                           + "\n  - ".join(problems))
 
 
-def _config_problems(config: dict, target: TargetFacts, trained: list[int]) -> list[str]:
+def _config_problems(config: dict, target: TargetFacts, trained: list[int],
+                     sglang_version: str | None) -> list[str]:
     expect = {
         "architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
         "tie_word_embeddings": False, "norm_before_residual": False, "hidden_act": "silu",
@@ -198,15 +212,21 @@ def _config_problems(config: dict, target: TargetFacts, trained: list[int]) -> l
     sglang_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     vllm_ids = config.get("eagle_aux_hidden_state_layer_ids")
     n = target.num_hidden_layers
+    versions = f"version {sglang_version}" if sglang_version else "every known version"
+    written_for = (config.get(PROJECT_KEY) or {}).get("sglang_version")
+    hint = (f" (written for SGLang {written_for}: check with sglang_version={written_for!r})"
+            if written_for and not sglang_version else "")
     try:
-        sglang = sglang_captured_indices(target.architecture, sglang_ids, n)
+        # the same table serving_layer_ids wrote them by; raises when versions capture differently
+        sglang = sglang_captured_indices(target.architecture, sglang_ids, n, sglang_version)
     except ValueError as e:
-        problems.append(str(e))
+        problems.append(f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids: {e}; "
+                        f"trained on {trained}{hint}")
     else:
         if sglang != trained:
             problems.append(f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids "
                             f"{sglang_ids} make SGLang capture HF hidden states {sglang} of "
-                            f"{target.architecture}, trained on {trained}")
+                            f"{target.architecture} ({versions}), trained on {trained}{hint}")
     vllm = vllm_captured_indices(vllm_ids, n)
     if vllm != trained:
         problems.append(f"config.json: eagle_aux_hidden_state_layer_ids {vllm_ids} make vLLM "

@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .hidden import HiddenStates, collate
+from ..artifacts.hidden import HiddenStates, collate
+from ..runtime.parallel import Rank
 from .model import Eagle3Drafter
 from .ttt import TTTMetrics, ttt_forward
 
@@ -89,16 +90,6 @@ def replayed_tau(metrics: TTTMetrics, num_steps: int) -> float:
     """Tokens per round of greedy chain decoding replayed over the eval spans. Lower than
     simulated_tau: misses cluster, and serving starts its next round right after each one."""
     return metrics.replayed_tau[:num_steps][-1]
-
-
-@dataclass
-class Rank:
-    rank: int = 0
-    world: int = 1
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
 
 
 @dataclass

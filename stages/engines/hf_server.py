@@ -34,7 +34,8 @@ from ..drafter.export import load_drafter
 from ..drafter.model import Eagle3Drafter, target_facts
 from ..drafter.speculate import SpecResult, speculative_generate
 from . import Completion, Sampling, trim_at_stop
-from .hf import HFEngine, load_causal_lm
+from .hf import HFEngine
+from ..target.model import load_causal_lm
 from .sglang_bench import ALGORITHM
 
 # Sampling values this server honours; the others must be absent, null or neutral.

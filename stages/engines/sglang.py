@@ -88,8 +88,8 @@ def parse_reply(reply: dict, sample_id: str, url: str, latency_s: float) -> Comp
         raise SGLangError(
             f"{url}/generate answered sample {sample_id} without output_ids, so the generated "
             f"token ids are unknown (text is never re-tokenized). SGLang 0.4.x returns output_ids "
-            f"only when launched with --skip-tokenizer-init: add that flag "
-            f"(generate.sglang.launch.server_args.skip_tokenizer_init: true) or upgrade to "
+            f"only when launched with --skip-tokenizer-init: add that flag (the launch's "
+            f"server_args.skip_tokenizer_init: true) or upgrade to "
             f"SGLang >= 0.5. Reply keys: {sorted(reply) if isinstance(reply, dict) else reply!r}")
     ids = reply["output_ids"]
     meta = reply.get("meta_info") or {}
@@ -143,9 +143,9 @@ class SGLangEngine:
                  connect_timeout_s: float = 10.0, max_retries: int = 8, backoff_s: float = 1.0,
                  backoff_max_s: float = 60.0):
         if not urls:
-            raise ValueError("generate.sglang.urls: give at least one server URL")
+            raise ValueError("urls: give at least one server URL")
         if concurrency < 1:
-            raise ValueError(f"generate.sglang.concurrency: {concurrency} must be at least 1")
+            raise ValueError(f"concurrency: {concurrency} must be at least 1")
         self.urls = [u.rstrip("/") for u in urls]
         self.concurrency, self.max_retries = concurrency, max_retries
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
@@ -225,8 +225,8 @@ class SGLangEngine:
                 await asyncio.sleep(self._backoff(attempt))
         raise SGLangError(
             f"sample {sample_id}: {len(failures)} attempts failed, the last: {failures[-1]}. "
-            f"Check that the servers in generate.sglang.urls are up (their /health answers 200), "
-            f"or raise generate.sglang.max_retries / backoff_max_s to wait out a restart; "
+            f"Check that the servers ({', '.join(self.urls)}) are up (their /health answers 200), "
+            f"or raise max_retries / backoff_max_s to wait out a restart; "
             f"the samples already done are kept and a rerun resumes after them")
 
     async def _attempt(self, session: aiohttp.ClientSession, url: str, sample_id: str,

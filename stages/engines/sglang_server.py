@@ -22,13 +22,8 @@ from typing import Callable
 
 import httpx
 
+from ..runtime.parallel import NCCL_ENV
 from . import EngineError
-
-# NVLink multicast (NVLS) hangs or fails on shared and partitioned GPU hosts; collectives work
-# without it at a small cost.
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1"}
-
 
 class ServerError(EngineError):
     """The server did not start or did not get healthy; the message holds its log's tail."""
@@ -93,8 +88,7 @@ class SGLangServer:
     def start(self) -> SGLangServer:
         if is_healthy(self.url):
             raise ServerError(f"{self.url} already answers /health (a server left from an earlier "
-                              f"run?): stop it, or use it with generate.sglang.launch: null and "
-                              f"urls: [{self.url}]")
+                              f"run?): stop it, or attach to it instead of launching one")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[sglang] {shlex.join(self.command)}", file=sys.stderr, flush=True)
         print(f"[sglang] log: {self.log_path}", file=sys.stderr, flush=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from ..io import atomic_path
+from ..runtime.io import atomic_path
 
 
 def download(dataset_id: str, out: Path, split: str = "train", config: str | None = None,

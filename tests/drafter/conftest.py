@@ -5,7 +5,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from stages.drafter import Eagle3Config, Eagle3Drafter, build_draft_vocab, default_aux_indices
+from stages.drafter.layers import default_aux_indices
+from stages.drafter.model import Eagle3Config, Eagle3Drafter
+from stages.drafter.vocab import build_draft_vocab
 
 VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 300, 64, 8, 120
 

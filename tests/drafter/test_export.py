@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -125,7 +126,8 @@ def test_bad_weights_are_rejected(exported, target_config, change, message):
 
 
 def test_export_refuses_to_publish_a_bad_checkpoint(tmp_path, target_config):
-    cfg = Eagle3Config.from_target(target_config, 120, [2, 4, 5], max_position_embeddings=128)
+    cfg = dataclasses.replace(Eagle3Config.from_target(target_config, 120, [2, 4, 5]),
+                              max_position_embeddings=128)
     with pytest.raises(ExportError, match="max_position_embeddings"):
         export_drafter(Eagle3Drafter(cfg), cfg, tmp_path / "bad", target_config, {})
     assert list(tmp_path.iterdir()) == []

@@ -14,11 +14,13 @@ import pytest
 import torch
 
 from stages.config import TargetParams
-from stages.engines.hf import HFEngine, load_causal_lm
+from stages.engines.hf import HFEngine
+from stages.target.model import load_causal_lm
 from stages.engines.hf_server import HFServer, model_eos_ids
 from stages.engines.sglang import SGLangEngine
-from stages.prompts import PROMPTS_SCHEMA
-from stages.target import load_tokenizer, pad_id, token_roles
+from stages.artifacts.prompts import PROMPTS_SCHEMA
+from stages.target.tokenizer import pad_id
+from stages.wiring import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, STORIES
 
 STORY_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}"
@@ -42,7 +44,7 @@ def target(tmp_path_factory) -> TargetParams:
 
 @pytest.fixture(scope="session")
 def tokenizer(target):
-    return load_tokenizer(target)
+    return target_tokenizer(target)
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +54,7 @@ def model(target):
 
 @pytest.fixture(scope="session")
 def stop_ids(target, tokenizer) -> tuple[int, ...]:
-    return tuple(token_roles(target, tokenizer).stop_ids)
+    return tuple(target_roles(target, tokenizer).stop_ids)
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +89,7 @@ def monkeypatch_package():
 @pytest.fixture(scope="session")
 def prompts_file(tmp_path_factory, prompts, target, tokenizer):
     """The prep stage's artifact for `prompts`, as dataset `t`."""
-    think = token_roles(target, tokenizer).think
+    think = target_roles(target, tokenizer).think
     rows = [dict(sample_id=sid, dataset="t", tools=None, prompt_ids=ids, prompt_len=len(ids),
                  messages=json.dumps([{"role": "user", "content": OPENINGS[i]}]),
                  reasoning_open=think is not None and ids[-1] == think)

@@ -10,7 +10,7 @@ from stages import generate
 from stages.config import GenerateParams, SGLangLaunchParams, SGLangParams, SGLangServerArgs
 from stages.engines import sglang_server
 from stages.engines.sglang import SGLangError
-from stages.raw import parts, read_raw
+from stages.artifacts.raw import parts, read_raw
 from tests.engines.conftest import free_port
 
 HF = GenerateParams(engine="hf", batch_size=4, max_new_tokens=12, append_every=2)

@@ -7,7 +7,7 @@ import pytest
 
 from stages.engines import Completion, Sampling
 from stages.engines.hf_server import BadRequest, _Job, parse_generate, reply
-from stages.monitor import parse_metrics
+from stages.engines.monitor import parse_metrics
 
 
 @pytest.mark.parametrize("body, message", [

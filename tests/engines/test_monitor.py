@@ -9,10 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from stages import monitor
-from stages.cli import StageError
+from stages import estimate
 from stages.engines import Completion, Sampling
-from stages.monitor import Backlog, GenerationMonitor, backlog, parse_metrics, project_hours
+from stages.engines.monitor import Backlog, GenerationMonitor, backlog, parse_metrics, project_hours
 from tests.rawdata import raw_row, write_raw
 
 
@@ -97,9 +96,7 @@ def test_estimate_cli(tmp_path, target, prompts_file, capsys):
         "datasets": {"t": {"prep": {"format": "sharegpt", "path": "x"},
                            "generate": {"budget_tokens": 500}}},
         "generate": {"engine": "hf", "max_new_tokens": 4, "batch_size": 4}}))
-    with pytest.raises(StageError, match="pass --estimate"):
-        monitor.main(params=params)
-    monitor.main(estimate=True, samples=4, params=params, prompts_dir=prompts_file.parent,
+    estimate.main(samples=4, params=params, prompts_dir=prompts_file.parent,
                  raw_dir=tmp_path / "raw")
     out = capsys.readouterr().out
     assert "generated tokens/s over 4 samples" in out

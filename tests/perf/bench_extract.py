@@ -23,8 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from stages.drafter.layers import default_aux_indices
-from stages.engines.features import FeatureExtractor, decoder_parts
-from stages.engines.hf import resolve_device
+from stages.target.features import FeatureExtractor, decoder_parts
+from stages.runtime.device import resolve_device
 
 H200_BF16_DENSE_TFLOPS = 989.0
 

@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> None:
 
     for world in (1, n):
         seconds = run_stage("stages.extract", [
-            "--params", params, "--merged-dir", work / "merged",
-            "--out-dir", work / f"hidden-{world}", "--report", work / f"extract-{world}.json"],
+            "--params", params, "--merged", work / "merged",
+            "--out", work / f"hidden-{world}", "--report", work / f"extract-{world}.json"],
             world, out / f"extract-{world}.log")
         report = json.loads((work / f"extract-{world}.json").read_text())
         results[f"extract_{world}"] = {"tokens_per_s": report["tokens_per_s"],
@@ -233,7 +233,8 @@ def train_runs(args, work: Path, params: Path, results: dict, save) -> None:
             "--params", run_params, "--hidden-dir", work / "hidden-1",
             "--vocab-file", work / "vocab" / "d2t_t2d.safetensors",
             "--checkpoint-dir", checkpoints, "--out-dir", work / f"drafter-{run}",
-            "--report-dir", work / f"reports-{run}"], world, out / f"train-{run}.log", on_wait)
+            "--report", work / f"reports-{run}" / "train.json",
+            "--plots", work / f"reports-{run}" / "plots"], world, out / f"train-{run}.log", on_wait)
         report = json.loads((work / f"reports-{run}" / "train.json").read_text())
         row = {"world": world, "global_batch": batch, "tokens_per_s": report["tokens_per_s"],
                "final_loss": report["final_loss"], "wall_s": round(seconds, 1)}

@@ -19,7 +19,7 @@ from stages.drafter.layers import default_aux_indices
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import Objective, autocast_for, feature_dtype, training_step
 from stages.drafter.ttt import soft_labels
-from stages.engines.hf import resolve_device
+from stages.runtime.device import resolve_device
 from tests.perf.bench_extract import (common_arguments, median_seconds, peak_memory_gib,
                                       print_table, reset_peak_memory, synchronize,
                                       target_config)

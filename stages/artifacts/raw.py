@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .io import write_parquet
+from ..runtime.io import write_parquet
 
 RAW_SCHEMA = pa.schema([
     ("sample_id", pa.string()), ("dataset", pa.string()), ("turn", pa.int32()),

@@ -1,13 +1,26 @@
-"""Process-group set-up for the stages torchrun launches (extract, train): one place that reads
-the torchrun environment, applies the NCCL settings the project needs, and picks each rank's GPU."""
+"""Process groups under torchrun (extract, train): one place that reads the torchrun environment,
+applies the NCCL settings the project needs, and picks each rank's GPU."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 
-from .drafter.training import Rank
-from .engines.sglang_server import NCCL_ENV
+# NVLink multicast (NVLS) hangs or fails on shared and partitioned GPU hosts; collectives work
+# without it at a small cost. Also applied to the SGLang servers the pipeline launches.
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+@dataclass
+class Rank:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
 
 
 def start(device: torch.device) -> tuple[Rank, torch.device]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .io import write_parquet
+from ..runtime.io import write_parquet
 
 PROMPTS_SCHEMA = pa.schema([
     ("sample_id", pa.string()), ("dataset", pa.string()), ("messages", pa.string()),

@@ -1,7 +1,7 @@
 """Token roles (reasoning, tool calls, end of turn) learned from the tokenizer, by token string.
 
 Reasoning, answer and tool calls are found by token ids, never by parsing decoded text: this is
-what keeps a parser from silently dropping reasoning. params.yaml can override any role.
+what keeps a parser from silently dropping reasoning. the caller can override any role.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def learn_roles(tokenizer, overrides: dict | None = None) -> TokenRoles:
     overrides = dict(overrides or {})
     unknown = set(overrides) - set(ROLE_CANDIDATES)
     if unknown:
-        raise ValueError(f"target.roles: unknown role(s) {sorted(unknown)}; "
+        raise ValueError(f"roles: unknown role(s) {sorted(unknown)}; "
                          f"known roles: {sorted(ROLE_CANDIDATES)}")
     found = {}
     for role, candidates in ROLE_CANDIDATES.items():
@@ -62,7 +62,7 @@ def learn_roles(tokenizer, overrides: dict | None = None) -> TokenRoles:
             text = overrides[role]
             tid = None if text is None else single_token_id(tokenizer, text)
             if text is not None and tid is None:
-                raise ValueError(f"target.roles.{role}: {text!r} is not a single token of the "
+                raise ValueError(f"roles.{role}: {text!r} is not a single token of the "
                                  f"tokenizer; give a token string from its vocabulary")
             found[role] = tid
             continue

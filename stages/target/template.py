@@ -2,27 +2,33 @@
 renders.
 
 Every generation prompt ends the way the dataset expects: it opens reasoning (or leaves it to
-the target) when `datasets.<d>.expect.reasoning` is on, does not open it when it is off, and
+the target) when reasoning is expected, does not open it when it is not, and
 opens the assistant's turn instead of stopping after a closed one. A template switch left at the
 wrong value would otherwise cost a whole generation run before the quality gate saw it.
 
 For `regenerate: all_turns` the template must also render a conversation as its turns
 concatenated: the generation prompt is how it begins an assistant turn, and adding messages
 leaves the turns before them as they were. Then each later turn's prompt is built from ids alone
-(stages/turns.py): the previous prompt, the previous output and the ids the template adds for
+(engines/turns.py): the previous prompt, the previous output and the ids the template adds for
 the next messages, which `ChatTemplate.plan` computes before anything is generated.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import config
-from .target import render_prompt
+from .tokenizer import render_prompt
 from .tokens import TokenRoles
 
 
 class TemplateError(ValueError):
-    """The chat template cannot give the prompts the dataset needs; says what to change."""
+    """The chat template cannot give the prompts the dataset needs; says what to change.
+
+    `settings` names what the caller can change: expect_reasoning, regenerate, template_kwargs,
+    chat_template, roles (the stage turns them into its params keys)."""
+
+    def __init__(self, message: str, settings: tuple[str, ...]):
+        super().__init__(message)
+        self.settings = settings
 
 
 @dataclass(frozen=True)
@@ -36,27 +42,24 @@ class TurnPlan:
 class ChatTemplate:
     """The target's chat template as prep renders one dataset's prompts with it."""
 
-    def __init__(self, tokenizer, roles: TokenRoles, target: config.TargetParams, dataset: str,
+    def __init__(self, tokenizer, roles: TokenRoles, template_kwargs: dict, template_name: str,
                  expect_reasoning: bool, all_turns: bool):
-        self.tokenizer, self.roles, self.kwargs = tokenizer, roles, target.template_kwargs
-        self.dataset, self.expect_reasoning = dataset, expect_reasoning
-        self.name = target.chat_template or f"the chat template of {target.path}"
+        self.tokenizer, self.roles, self.kwargs = tokenizer, roles, template_kwargs
+        self.name, self.expect_reasoning = template_name, expect_reasoning
         # a reply the target has not written yet: only the ids around it are kept
         self.placeholder = {"role": "assistant", "content": "reply"}
-        expect = f"datasets.{dataset}.expect.reasoning"
         if expect_reasoning:
             self.placeholder["reasoning_content"] = "thought"
             if roles.think is None or roles.end_think is None:
                 raise TemplateError(
-                    f"dataset {dataset}: {expect} is true, but the tokenizer of {target.path} "
-                    f"has no reasoning tokens to find reasoning by (think {roles.think}, "
-                    f"end_think {roles.end_think}): name them in target.roles, or set {expect}: "
-                    f"false")
+                    f"reasoning is expected, but the tokenizer has no reasoning tokens to find "
+                    f"it by (think {roles.think}, end_think {roles.end_think}): name them in the "
+                    f"token roles, or expect no reasoning", ("roles", "expect_reasoning"))
         if all_turns and roles.end_of_turn is None:
             raise TemplateError(
-                f"dataset {dataset}: regenerate: all_turns closes each turn with the "
-                f"end-of-turn token, and the tokenizer of {target.path} has none: name it in "
-                f"target.roles.end_of_turn, or set datasets.{dataset}.prep.regenerate: last_turn")
+                "regenerating all turns closes each turn with the end-of-turn token, and the "
+                "tokenizer has none: name it in the token roles (end_of_turn), or regenerate the "
+                "last turn only", ("roles", "regenerate"))
 
     def plan(self, segments: list[list[dict]], tools: list | None) -> TurnPlan:
         """Turn 1's prompt and the ids each later turn adds, every generation prompt checked.
@@ -89,29 +92,32 @@ class ChatTemplate:
         added = ids[common_prefix(ids, bare):]
         problem = self._ending_problem(ids, added)
         if problem:
-            raise TemplateError(f"dataset {self.dataset}: the generation prompt ends with "
-                                f"{self._text(added or ids[-4:])}: {problem}")
+            raise TemplateError(f"the generation prompt ends with "
+                                f"{self._text(added or ids[-4:])}: {problem[0]}", problem[1])
         return ids
 
-    def _ending_problem(self, ids: list[int], added: list[int]) -> str | None:
+    def _ending_problem(self, ids: list[int], added: list[int]
+                        ) -> tuple[str, tuple[str, ...]] | None:
         think, end_think = self.roles.think, self.roles.end_think
         opens = think in added and (end_think not in added
                                     or last_index(added, think) > last_index(added, end_think))
         closes = end_think in added and not opens
-        expect = f"datasets.{self.dataset}.expect.reasoning"
         if self.expect_reasoning and closes:
-            return (f"{self.name} closes reasoning before the reply, but {expect} is true, so "
-                    f"the prompt must open reasoning or leave it to the target. Turn thinking on "
-                    f"in target.template_kwargs (e.g. {{thinking: true}}) or target.chat_template, "
-                    f"or set {expect}: false")
+            return (f"{self.name} closes reasoning before the reply, but reasoning is expected, "
+                    f"so the prompt must open reasoning or leave it to the target. Turn thinking "
+                    f"on in the template kwargs (e.g. {{thinking: true}}) or the chat template, "
+                    f"or expect no reasoning", ("template_kwargs", "chat_template",
+                                                "expect_reasoning"))
         if not self.expect_reasoning and opens:
-            return (f"{self.name} opens reasoning, but {expect} is false, so the prompt must not. "
-                    f"Set {expect}: true, or turn thinking off in target.template_kwargs (e.g. "
-                    f"{{thinking: false}}) or target.chat_template")
+            return (f"{self.name} opens reasoning, but no reasoning is expected, so the prompt "
+                    f"must not. Expect reasoning, or turn thinking off in the template kwargs "
+                    f"(e.g. {{thinking: false}}) or the chat template",
+                    ("expect_reasoning", "template_kwargs", "chat_template"))
         if not added and ids[-1] == self.roles.end_of_turn:
             return (f"{self.name} adds nothing for the reply (does it ignore "
                     f"add_generation_prompt?), so the target would write after a closed turn; the "
-                    f"prompt must open the assistant's turn: fix target.chat_template")
+                    f"prompt must open the assistant's turn: fix the chat template",
+                    ("chat_template",))
         return None
 
     def _end_of_reply(self, prompt: list[int], replied: list[int]) -> int:
@@ -130,11 +136,11 @@ class ChatTemplate:
 
     def _not_concatenated(self, detail: str) -> TemplateError:
         return TemplateError(
-            f"dataset {self.dataset}: regenerate: all_turns builds each turn's prompt from the "
-            f"ids of the turns before it, which needs a template that renders a conversation as "
-            f"its turns concatenated, and {self.name} does not: {detail}. Set "
-            f"datasets.{self.dataset}.prep.regenerate: last_turn, or give a template that "
-            f"renders earlier turns unchanged (target.chat_template, target.template_kwargs)")
+            f"regenerate: all_turns builds each turn's prompt from the ids of the turns before "
+            f"it, which needs a template that renders a conversation as its turns concatenated, "
+            f"and {self.name} does not: {detail}. Regenerate the last turn only (regenerate: "
+            f"last_turn), or give a template that renders earlier turns unchanged",
+            ("regenerate", "chat_template", "template_kwargs"))
 
     def _text(self, ids: list[int]) -> str:
         return repr(self.tokenizer.decode(ids, skip_special_tokens=False))

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .engines import Completion
-from .prompts import PromptSettings
-from .tokens import TokenRoles
+from ..artifacts.prompts import PromptSettings
+from ..target.tokens import TokenRoles
+from . import Completion
 
 
 def next_turn_prompt(prompt_ids: list[int], output_ids: list[int], delta: list[int],
@@ -36,6 +36,12 @@ class Sample:
     turns: int = 0  # turns generated
     last: dict | None = None  # the last turn: prompt_ids, output_ids, finish_reason
     stopped_at_limit: bool = False
+
+    def has_unsent(self) -> bool:
+        """Whether a request is ready or a sample was never sent; nothing to send with nothing in
+        flight means the dataset is done (a resumed run then needs no engine at all)."""
+        return bool(self.ready) or any(s.turns == 0 and self._request_id(s) not in self.in_flight
+                                       for s in self.samples.values())
 
     @property
     def planned_turns(self) -> int:
@@ -85,6 +91,12 @@ class TurnQueue:
                     messages=row["messages"], tools=row["tools"], prompt_ids=prompt,
                     prompt_len=len(prompt),
                     reasoning_open=self.roles.think is not None and prompt[-1] == self.roles.think)
+
+    def has_unsent(self) -> bool:
+        """Whether a request is ready or a sample was never sent; nothing to send with nothing in
+        flight means the dataset is done (a resumed run then needs no engine at all)."""
+        return bool(self.ready) or any(s.turns == 0 and self._request_id(s) not in self.in_flight
+                                       for s in self.samples.values())
 
     @property
     def planned_turns(self) -> int:

@@ -1,9 +1,9 @@
 """How far a generation run is and how long it will take: live lines while a dataset generates,
-and `python -m stages.monitor --estimate`, which times a short sample before committing GPUs for
-days.
+and the projection from a short timed sample (`python -m stages.estimate`) before committing GPUs
+for days.
 
 The live line shows samples done, generated tokens/s, completions/min, mean output length,
-failures, and the ETA of the dataset and of the whole run against the budgets in params.yaml;
+failures, and the ETA of the dataset and of the whole run against the budgets;
 servers that expose /metrics (SGLang's --enable-metrics) add running and queued requests and KV
 cache use.
 """
@@ -21,10 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import config
-from .cli import StageError, run
-from .engines import Completion, Sampling
-from .raw import parts
+from ..artifacts.raw import parts
+from . import Completion, Sampling
 
 
 @dataclass(frozen=True)
@@ -186,45 +184,3 @@ def project_hours(engine, sampling: Sampling, samples: dict[str, list[tuple[str,
         projections.append(Projection(name, len(got), failed[name], round(mean, 1),
                                       round(tokens), tokens / rate / 3600 if rate else 0.0))
     return rate, projections
-
-
-def main(estimate: bool = False, samples: int = 32, params: Path = config.PARAMS_FILE,
-         prompts_dir: Path = Path("data/prompts"), raw_dir: Path = Path("data/raw")) -> None:
-    """Time `samples` prompts per dataset with the configured engine and project hours per
-    dataset (--estimate); the live monitor itself runs inside `python -m stages.generate`."""
-    if not estimate:
-        raise StageError("pass --estimate to time a short sample and project hours per dataset; "
-                         "the live monitor prints from inside `python -m stages.generate`")
-    from .generate import make_engine, sampling_for
-    from .target import load_tokenizer, token_roles
-
-    gen = config.section(config.GenerateParams, "generate", params)
-    target = config.section(config.TargetParams, "target", params)
-    budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}
-    picked = {}
-    for name in budgets:
-        path = prompts_dir / f"{name}.parquet"
-        if not path.exists():
-            raise StageError(f"{path}: no prompts yet; run `dvc repro prep@{name}` first")
-        table = pq.read_table(path, columns=["sample_id", "prompt_ids"])
-        step = max(table.num_rows // samples, 1)
-        rows = table.take(list(range(0, table.num_rows, step))[:samples]).to_pylist()
-        picked[name] = [(r["sample_id"], r["prompt_ids"]) for r in rows]
-    tokenizer = load_tokenizer(target)
-    engine = make_engine(gen, target, tokenizer)
-    rate, projections = project_hours(engine, sampling_for(gen, token_roles(target, tokenizer)),
-                                 picked, {b.dataset: b for b in run_backlog(budgets, prompts_dir,
-                                                                            raw_dir)})
-    print(f"[estimate] {engine.name}: {rate:,.0f} generated tokens/s over "
-          f"{sum(p.samples for p in projections)} samples")
-    print(f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean out':>10}{'tokens left':>14}"
-          f"{'hours':>9}")
-    for p in projections:
-        print(f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_output_tokens:>10,.0f}"
-              f"{p.tokens_left:>14,.0f}{p.hours:>9.2f}")
-    print(f"{'run':<24}{'':>8}{'':>8}{'':>10}{sum(p.tokens_left for p in projections):>14,.0f}"
-          f"{sum(p.hours for p in projections):>9.2f}")
-
-
-if __name__ == "__main__":
-    run(main)

@@ -1,0 +1,29 @@
+"""The merged artifact: `<dir>/{train,eval}.parquet`, one training sequence per sample.
+
+Columns: sample_id, dataset, input_ids (list<int32>: the last usable turn's prompt + output),
+loss_spans (list<list<int32>>: the [start, end) of each of the target's turns, the only positions
+trained on), length, truncated, split. Written by DuckDB (stages/queries/merge.sql).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+COLUMNS = ("sample_id", "dataset", "input_ids", "loss_spans", "length", "truncated", "split")
+SPLITS = ("train", "eval")
+
+
+def split_path(merged_dir: Path | str, split: str) -> Path:
+    return Path(merged_dir) / f"{split}.parquet"
+
+
+def iter_rows(path: Path | str, columns: list[str]) -> Iterator[dict]:
+    """The rows of one split file, streamed in record batches (a split can hold billions of
+    tokens)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; run the merge stage")
+    for batch in pq.ParquetFile(path).iter_batches(columns=columns):
+        yield from batch.to_pylist()

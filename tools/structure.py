@@ -1,0 +1,172 @@
+"""The project's structure, checked: dvc.yaml's code deps against what each stage really imports,
+and the library's layering. Run by `make check` and tests/test_structure.py.
+
+    python tools/structure.py           # print problems; exit 1 if any
+    python tools/structure.py --deps    # print each stage's code deps, as dvc.yaml should list them
+"""
+from __future__ import annotations
+
+import ast
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+PACKAGE = "stages"
+# Library packages and the library packages each may import (besides itself). Top-level modules
+# of `stages` (the stage modules, config, cli, wiring, estimate) are the stage side: no library
+# module may import them.
+LAYERS: dict[str, set[str]] = {
+    "runtime": set(),
+    "queries": set(),
+    "sources": {"runtime"},
+    "artifacts": {"runtime"},
+    "target": {"runtime"},
+    "drafter": {"runtime", "artifacts"},
+    "engines": {"runtime", "artifacts", "target", "drafter"},
+    "demo": set(),
+}
+SQL_CALL = re.compile(r"\b(?:sql|rows)\(\s*(?:\w+,\s*)?[\"'](\w+)[\"']")
+
+
+def module_file(root: Path, module: str) -> Path | None:
+    base = root / Path(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(root: Path, module: str, parents: bool = True) -> set[str]:
+    """Project modules `module` imports anywhere in its file (function-level imports too), with
+    (`parents`) the packages they sit in: Python runs those `__init__` files first."""
+    path = module_file(root, module)
+    is_package = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".") if is_package else module.split(".")[:-1]
+                package = package[: len(package) - node.level + 1]
+                base = ".".join(package + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] == PACKAGE and module_file(root, name):
+                parts = name.split(".")
+                found.update(".".join(parts[:i]) for i in range(1 if parents else len(parts),
+                                                                len(parts) + 1))
+    found.discard(module)
+    return found
+
+
+def closure(root: Path, module: str) -> set[str]:
+    seen, todo = {module}, [module]
+    while todo:
+        for dep in imports(root, todo.pop()) - seen:
+            seen.add(dep)
+            todo.append(dep)
+    return seen
+
+
+def needed_files(root: Path, module: str) -> set[str]:
+    """Every project file the stage module runs: its modules and the SQL files they name."""
+    files = set()
+    for m in closure(root, module):
+        path = module_file(root, m)
+        if m == PACKAGE:
+            continue
+        files.add(path.relative_to(root).as_posix())
+        for query in SQL_CALL.findall(path.read_text()):
+            sql = root / PACKAGE / "queries" / f"{query}.sql"
+            if sql.exists():
+                files.add(sql.relative_to(root).as_posix())
+    return files
+
+
+def stage_modules(root: Path) -> dict[str, tuple[str, list[str]]]:
+    """{stage name: (module its cmd runs, its deps)} from dvc.yaml."""
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    out = {}
+    for name, spec in stages.items():
+        body = spec.get("do", spec)
+        match = re.search(r"python -m ([\w.]+)", body["cmd"])
+        if not match:
+            continue
+        out[name] = (match.group(1), [d if isinstance(d, str) else next(iter(d))
+                                      for d in body.get("deps", [])])
+    return out
+
+
+def dvc_dep_problems(root: Path) -> list[str]:
+    problems = []
+    for name, (module, deps) in stage_modules(root).items():
+        if module_file(root, module) is None:
+            problems.append(f"dvc.yaml stage {name}: its cmd runs {module}, which does not exist")
+            continue
+        code_deps = [d.rstrip("/") for d in deps if d.startswith(f"{PACKAGE}/")]
+        for dep in code_deps:
+            if not (root / dep).exists():
+                problems.append(f"dvc.yaml stage {name}: dep {dep} does not exist")
+        for path in sorted(needed_files(root, module)):
+            if not any(path == d or path.startswith(d + "/") for d in code_deps):
+                problems.append(f"dvc.yaml stage {name}: {module} runs {path}, which is not "
+                                f"among its deps (a change to it would rerun nothing)")
+    return problems
+
+
+def layer_problems(root: Path) -> list[str]:
+    problems = []
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        module = module_name(root, path)
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] not in LAYERS and module_file(root, module).name != \
+                "__init__.py" and len(parts) == 2:
+            continue  # a stage-side top-level module: may import anything
+        if len(parts) < 2 or parts[1] not in LAYERS:
+            if len(parts) > 1 and (root / PACKAGE / parts[1]).is_dir():
+                problems.append(f"{path.relative_to(root)}: package {parts[1]} is not in "
+                                f"tools/structure.py LAYERS; say what it may import")
+            continue
+        allowed = LAYERS[parts[1]] | {parts[1]}
+        named = imports(root, module, parents=False)
+        for dep in sorted(d for d in named if not any(o.startswith(d + ".") for o in named)):
+            dep_parts = dep.split(".")
+            if dep == PACKAGE:
+                continue
+            if len(dep_parts) == 2 and not (root / PACKAGE / dep_parts[1]).is_dir():
+                problems.append(f"{path.relative_to(root)}: the library imports the stage-side "
+                                f"module {dep}; pass values in as arguments instead")
+            elif dep_parts[1] not in allowed:
+                problems.append(f"{path.relative_to(root)}: {parts[1]} may import "
+                                f"{sorted(allowed)}, not {dep}")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    root = Path(__file__).resolve().parent.parent
+    if "--deps" in argv:
+        for name, (module, _) in stage_modules(root).items():
+            print(f"{name}:")
+            for path in sorted(needed_files(root, module)):
+                print(f"  - {path}")
+        return 0
+    problems = dvc_dep_problems(root) + layer_problems(root)
+    for p in problems:
+        print(p)
+    print(f"structure: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
