@@ -12,13 +12,14 @@ prompt ids to the target served by SGLang with the drafter and without (attached
 params one after the other): tau from meta_info.spec_verify_ct, output tokens/s of both servers
 at the same concurrency, the speedup, both launch commands and the server's version.
 """
+
 from __future__ import annotations
 
 import contextlib
 import shlex
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -29,14 +30,21 @@ from .drafter.export import load_drafter
 from .drafter.speculate import acceptance_stats, choose, speculative_generate
 from .engines import Sampling
 from .engines.sglang import SGLangEngine
-from .engines.sglang_bench import (ServerRun, check_plain_server, check_speculative_server,
-                                   compare, measure, server_facts, speculative_args)
+from .engines.sglang_bench import (
+    ServerRun,
+    check_plain_server,
+    check_speculative_server,
+    compare,
+    measure,
+    server_facts,
+    speculative_args,
+)
 from .engines.sglang_server import is_healthy, launch_command
+from .launch import server_command, start_launched
 from .runtime.io import write_csv, write_json
 from .sources import prompt_messages, read_conversations
 from .target.model import load_causal_lm
 from .target.tokenizer import render_prompt
-from .launch import server_command, start_launched
 from .wiring import target_roles, target_tokenizer
 
 
@@ -49,20 +57,28 @@ def eval_prompts(eval_file: Path, limit: int) -> dict[str, list[list[int]]]:
     return prompts
 
 
-def file_prompts(source: config.BenchmarkSource, tokenizer, template_kwargs: dict,
-                 limit: int) -> list[list[int]]:
+def file_prompts(
+    source: config.BenchmarkSource, tokenizer, template_kwargs: dict, limit: int
+) -> list[list[int]]:
     out = []
     for conv in read_conversations(source.path, source.format, columns=source.columns):
-        out.append(render_prompt(tokenizer, prompt_messages(conv.messages), conv.tools,
-                                 template_kwargs))
+        out.append(
+            render_prompt(tokenizer, prompt_messages(conv.messages), conv.tools, template_kwargs)
+        )
         if len(out) >= limit:
             break
     return out
 
 
 @torch.no_grad()
-def plain_decode(target, prompt: list[int], max_new_tokens: int, temperature: float,
-                 stop_ids: set[int], generator: torch.Generator) -> list[int]:
+def plain_decode(
+    target,
+    prompt: list[int],
+    max_new_tokens: int,
+    temperature: float,
+    stop_ids: set[int],
+    generator: torch.Generator,
+) -> list[int]:
     """One full target forward per token (no KV cache, as speculative_generate): the baseline."""
     device = next(target.parameters()).device
     ids = torch.tensor(prompt, device=device)
@@ -77,11 +93,21 @@ def plain_decode(target, prompt: list[int], max_new_tokens: int, temperature: fl
     return out
 
 
-def benchmark(target, drafter, prompts: dict[str, list[list[int]]], b: config.BenchmarkParams,
-              stop_ids: list[int]) -> dict:
+def benchmark(
+    target,
+    drafter,
+    prompts: dict[str, list[list[int]]],
+    b: config.BenchmarkParams,
+    stop_ids: list[int],
+) -> dict:
     embed = target.get_input_embeddings()
-    report: dict = {"num_steps": b.num_steps, "topk": 1, "mode": "chain",
-                    "engine": "in-process transformers (no KV cache)", "temperatures": {}}
+    report: dict = {
+        "num_steps": b.num_steps,
+        "topk": 1,
+        "mode": "chain",
+        "engine": "in-process transformers (no KV cache)",
+        "temperatures": {},
+    }
     for temperature in b.temperatures:
         per: dict = {}
         all_results = []
@@ -90,28 +116,50 @@ def benchmark(target, drafter, prompts: dict[str, list[list[int]]], b: config.Be
             for i, prompt in enumerate(group):
                 g = torch.Generator().manual_seed(b.seed + i)
                 t0 = time.perf_counter()
-                r = speculative_generate(target, drafter, embed, prompt, b.max_new_tokens,
-                                         b.num_steps, temperature, stop_ids, g)
+                r = speculative_generate(
+                    target,
+                    drafter,
+                    embed,
+                    prompt,
+                    b.max_new_tokens,
+                    b.num_steps,
+                    temperature,
+                    stop_ids,
+                    g,
+                )
                 t1 = time.perf_counter()
-                base = plain_decode(target, prompt, b.max_new_tokens, temperature, set(stop_ids),
-                                    torch.Generator().manual_seed(b.seed + i))
+                base = plain_decode(
+                    target,
+                    prompt,
+                    b.max_new_tokens,
+                    temperature,
+                    set(stop_ids),
+                    torch.Generator().manual_seed(b.seed + i),
+                )
                 t2 = time.perf_counter()
                 spec_s, base_s = spec_s + t1 - t0, base_s + t2 - t1
                 identical += base == r.output_ids
                 results.append(r)
             stats = acceptance_stats(results)
-            per[name] = {"prompts": len(group), "tau": round(stats.tau, 4),
-                         "conditional": [round(x, 4) for x in stats.conditional],
-                         "unconditional": [round(x, 4) for x in stats.unconditional],
-                         "verify_steps": stats.verify_steps, "tokens": stats.tokens,
-                         "baseline_tau": 1.0, "wall_speedup": round(base_s / spec_s, 3),
-                         "outputs_equal_baseline": identical}
+            per[name] = {
+                "prompts": len(group),
+                "tau": round(stats.tau, 4),
+                "conditional": [round(x, 4) for x in stats.conditional],
+                "unconditional": [round(x, 4) for x in stats.unconditional],
+                "verify_steps": stats.verify_steps,
+                "tokens": stats.tokens,
+                "baseline_tau": 1.0,
+                "wall_speedup": round(base_s / spec_s, 3),
+                "outputs_equal_baseline": identical,
+            }
             all_results += results
         overall = acceptance_stats(all_results)
         report["temperatures"][str(temperature)] = {
-            "tau": round(overall.tau, 4), "datasets": per,
+            "tau": round(overall.tau, 4),
+            "datasets": per,
             "conditional": [round(x, 4) for x in overall.conditional],
-            "unconditional": [round(x, 4) for x in overall.unconditional]}
+            "unconditional": [round(x, 4) for x in overall.unconditional],
+        }
     greedy = report["temperatures"].get("0.0")
     report["tau_greedy"] = greedy and greedy["tau"]
     return report
@@ -119,17 +167,23 @@ def benchmark(target, drafter, prompts: dict[str, list[list[int]]], b: config.Be
 
 def sglang_command(target_path: str, drafter_dir: Path, b: config.BenchmarkParams) -> str:
     """The SGLang launch this drafter is meant for (run on GPUs; EAGLE3, not EAGLE)."""
-    return shlex.join(launch_command(target_path, {}, speculative_args(drafter_dir, b.num_steps),
-                                     python="python"))
+    return shlex.join(
+        launch_command(target_path, {}, speculative_args(drafter_dir, b.num_steps), python="python")
+    )
 
 
-def in_process_benchmark(prompts: dict[str, list[list[int]]], b: config.BenchmarkParams,
-                         stop_ids: list[int], target: config.TargetParams,
-                         drafter_dir: Path) -> dict:
+def in_process_benchmark(
+    prompts: dict[str, list[list[int]]],
+    b: config.BenchmarkParams,
+    stop_ids: list[int],
+    target: config.TargetParams,
+    drafter_dir: Path,
+) -> dict:
     """The target and the exported drafter loaded here, decoding one prompt at a time."""
     with params_key("target"):
-        model = load_causal_lm(target.path, target.device, target.dtype,
-                               target.trust_remote_code, target.cpu_threads)
+        model = load_causal_lm(
+            target.path, target.device, target.dtype, target.trust_remote_code, target.cpu_threads
+        )
     drafter, _ = load_drafter(drafter_dir)
     drafter = drafter.to(next(model.parameters()).device).eval()
     report = benchmark(model, drafter, prompts, b, stop_ids)
@@ -137,24 +191,33 @@ def in_process_benchmark(prompts: dict[str, list[list[int]]], b: config.Benchmar
     return report
 
 
-TAU_CONVENTION = ("tau = completion_tokens / spec_verify_ct as SGLang counts it: the first token, "
-                  "produced by the prefill before any draft, is included; tau_excluding_prefill "
-                  "leaves it out, as the hf mode's tau does")
+TAU_CONVENTION = (
+    "tau = completion_tokens / spec_verify_ct as SGLang counts it: the first token, "
+    "produced by the prefill before any draft, is included; tau_excluding_prefill "
+    "leaves it out, as the hf mode's tau does"
+)
 
 
-def launch_commands(launch: config.SGLangLaunchParams, target: config.TargetParams,
-                    drafter_dir: Path, num_steps: int) -> dict[str, list[str]]:
+def launch_commands(
+    launch: config.SGLangLaunchParams,
+    target: config.TargetParams,
+    drafter_dir: Path,
+    num_steps: int,
+) -> dict[str, list[str]]:
     """The two servers: the same target and flags, the speculative one with the drafter."""
     if any(arg.startswith("--speculative") for arg in launch.extra_args):
-        raise StageError("benchmark.sglang.launch.extra_args: drop the --speculative-* flags; the "
-                         "benchmark adds them to the speculative server only")
+        raise StageError(
+            "benchmark.sglang.launch.extra_args: drop the --speculative-* flags; the "
+            "benchmark adds them to the speculative server only"
+        )
     base = server_command(launch, target)
     return {"spec": base + speculative_args(drafter_dir, num_steps), "base": base}
 
 
 @contextlib.contextmanager
-def serving(launch: config.SGLangLaunchParams | None, command: list[str],
-            url: str | None) -> Iterator[str]:
+def serving(
+    launch: config.SGLangLaunchParams | None, command: list[str], url: str | None
+) -> Iterator[str]:
     """The url of a running server: the one given, or one started now and stopped after."""
     if launch is None:
         yield url.rstrip("/")
@@ -166,26 +229,48 @@ def serving(launch: config.SGLangLaunchParams | None, command: list[str],
         server.stop()
 
 
-def served_benchmark(prompts: dict[str, list[list[int]]], b: config.BenchmarkParams,
-                     stop_ids: list[int], target: config.TargetParams, drafter_dir: Path) -> dict:
+def served_benchmark(
+    prompts: dict[str, list[list[int]]],
+    b: config.BenchmarkParams,
+    stop_ids: list[int],
+    target: config.TargetParams,
+    drafter_dir: Path,
+) -> dict:
     """Every prompt set at every temperature on the speculative server, then on the base one
     (never both at once, so a launched pair does not share the GPUs)."""
     s = b.sglang
     if s.launch is None and not (s.spec_url and s.base_url):
-        raise StageError("benchmark.sglang: mode sglang needs spec_url and base_url (the target "
-                         "served with the drafter and without) or launch (start both from params)")
+        raise StageError(
+            "benchmark.sglang: mode sglang needs spec_url and base_url (the target "
+            "served with the drafter and without) or launch (start both from params)"
+        )
     if s.launch is not None and (s.spec_url or s.base_url):
         raise StageError("benchmark.sglang: give either launch or spec_url and base_url, not both")
     for role, url in (("spec", s.spec_url), ("base", s.base_url)):
         if s.launch is None and not is_healthy(url.rstrip("/")):
-            raise StageError(f"benchmark.sglang.{role}_url: {url}/health does not answer 200; "
-                             f"start that server, or let benchmark.sglang.launch start it")
-    commands = launch_commands(s.launch or config.SGLangLaunchParams(), target, drafter_dir,
-                               b.num_steps)
-    requests = {name: [(f"{name}/{i}", ids) for i, ids in enumerate(group)]
-                for name, group in prompts.items() if group}
-    samplings = {t: Sampling(max_new_tokens=b.max_new_tokens, temperature=t, top_p=1.0, top_k=-1,
-                             seed=b.seed, stop_ids=tuple(stop_ids)) for t in b.temperatures}
+            raise StageError(
+                f"benchmark.sglang.{role}_url: {url}/health does not answer 200; "
+                f"start that server, or let benchmark.sglang.launch start it"
+            )
+    commands = launch_commands(
+        s.launch or config.SGLangLaunchParams(), target, drafter_dir, b.num_steps
+    )
+    requests = {
+        name: [(f"{name}/{i}", ids) for i, ids in enumerate(group)]
+        for name, group in prompts.items()
+        if group
+    }
+    samplings = {
+        t: Sampling(
+            max_new_tokens=b.max_new_tokens,
+            temperature=t,
+            top_p=1.0,
+            top_k=-1,
+            seed=b.seed,
+            stop_ids=tuple(stop_ids),
+        )
+        for t in b.temperatures
+    }
     runs: dict[str, dict[tuple[float, str], ServerRun]] = {}
     servers: dict[str, dict] = {}
     for role, url in (("spec", s.spec_url), ("base", s.base_url)):
@@ -197,27 +282,53 @@ def served_benchmark(prompts: dict[str, list[list[int]]], b: config.BenchmarkPar
                 check_plain_server(facts, url)
             with params_key("benchmark.sglang"):
                 engine = SGLangEngine([url], s.concurrency, s.timeout_s, max_retries=s.max_retries)
-            runs[role] = {(t, name): measure(engine, group, sampling)
-                          for t, sampling in samplings.items() for name, group in requests.items()}
-            servers[role] = {"url": url, "launched": s.launch is not None,
-                             "command": shlex.join(commands[role]), **facts,
-                             "retries": engine.retries}
+            runs[role] = {
+                (t, name): measure(engine, group, sampling)
+                for t, sampling in samplings.items()
+                for name, group in requests.items()
+            }
+            servers[role] = {
+                "url": url,
+                "launched": s.launch is not None,
+                "command": shlex.join(commands[role]),
+                **facts,
+                "retries": engine.retries,
+            }
     temperatures = {}
     for t in samplings:
-        spec, base = (ServerRun.pooled([runs[role][t, name] for name in requests])
-                      for role in ("spec", "base"))
+        spec, base = (
+            ServerRun.pooled([runs[role][t, name] for name in requests])
+            for role in ("spec", "base")
+        )
         temperatures[str(t)] = {
             **compare(spec, base, b.num_steps),
-            "datasets": {name: compare(runs["spec"][t, name], runs["base"][t, name], b.num_steps)
-                         for name in requests}}
+            "datasets": {
+                name: compare(runs["spec"][t, name], runs["base"][t, name], b.num_steps)
+                for name in requests
+            },
+        }
     greedy = temperatures.get("0.0")
-    return {"num_steps": b.num_steps, "topk": 1, "mode": "chain", "engine": "sglang",
-            "engine_version": servers["spec"].get("version"), "concurrency": s.concurrency,
-            "tau_convention": TAU_CONVENTION, "servers": servers, "temperatures": temperatures,
-            "tau_greedy": greedy and greedy["tau"]}
+    return {
+        "num_steps": b.num_steps,
+        "topk": 1,
+        "mode": "chain",
+        "engine": "sglang",
+        "engine_version": servers["spec"].get("version"),
+        "concurrency": s.concurrency,
+        "tau_convention": TAU_CONVENTION,
+        "servers": servers,
+        "temperatures": temperatures,
+        "tau_greedy": greedy and greedy["tau"],
+    }
 
-def main(merged: PathOpt, drafter_dir: PathOpt, report: PathOpt, plot: PathOpt,
-         params: Path = config.PARAMS_FILE) -> None:
+
+def main(
+    merged: PathOpt,
+    drafter_dir: PathOpt,
+    report: PathOpt,
+    plot: PathOpt,
+    params: Path = config.PARAMS_FILE,
+) -> None:
     """Measure acceptance length and speedup of the exported drafter."""
     b = config.section(config.BenchmarkParams, "benchmark", params)
     target = config.section(config.TargetParams, "target", params)
@@ -228,23 +339,36 @@ def main(merged: PathOpt, drafter_dir: PathOpt, report: PathOpt, plot: PathOpt,
     for name, source in b.datasets.items():
         prompts[name] = file_prompts(source, tokenizer, target.template_kwargs, b.max_prompts)
     if not any(prompts.values()):
-        raise StageError(f"{eval_file}: no held-out prompts; raise merge.eval_fraction or add "
-                         f"benchmark.datasets")
+        raise StageError(
+            f"{eval_file}: no held-out prompts; raise merge.eval_fraction or add benchmark.datasets"
+        )
     if b.mode == "sglang":
         results = served_benchmark(prompts, b, stop_ids, target, drafter_dir)
     else:
         results = in_process_benchmark(prompts, b, stop_ids, target, drafter_dir)
     write_json(results, report)
-    write_csv([{"temperature": t, "dataset": d, "position": j + 1,
-                "conditional": v["conditional"][j], "unconditional": v["unconditional"][j]}
-               for t, tv in results["temperatures"].items()
-               for d, v in tv["datasets"].items() if v["conditional"]
-               for j in range(b.num_steps)],
-              plot)
+    write_csv(
+        [
+            {
+                "temperature": t,
+                "dataset": d,
+                "position": j + 1,
+                "conditional": v["conditional"][j],
+                "unconditional": v["unconditional"][j],
+            }
+            for t, tv in results["temperatures"].items()
+            for d, v in tv["datasets"].items()
+            if v["conditional"]
+            for j in range(b.num_steps)
+        ],
+        plot,
+    )
     greedy = results["temperatures"].get("0.0", {"datasets": {}})
-    print(f"[benchmark] {results['engine']}: tau at T=0: {results['tau_greedy']}  "
-          + "  ".join(f"{d}: {v['tau']}" for d, v in greedy["datasets"].items())
-          + (f"  speedup {greedy['speedup']}" if "speedup" in greedy else ""))
+    print(
+        f"[benchmark] {results['engine']}: tau at T=0: {results['tau_greedy']}  "
+        + "  ".join(f"{d}: {v['tau']}" for d, v in greedy["datasets"].items())
+        + (f"  speedup {greedy['speedup']}" if "speedup" in greedy else "")
+    )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 """Entry point shared by the stage modules: a typer command whose expected errors end the process
 with one clear line (which file, row or key, and what would fix it) instead of a traceback."""
+
 from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Callable, Iterator
+from typing import Annotated
 
 import typer
 

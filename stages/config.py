@@ -4,6 +4,7 @@ Each stage reads only its own section. A wrong key or type fails before any work
 dotted key path and what is expected, so a typo in params.yaml never silently falls back to a
 default.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -245,7 +246,9 @@ def _check(value: Any, tp: Any, key: str) -> Any:
         return float(value)
     if tp in (int, float, str, bool):
         if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-            raise ParamsError(f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}")
+            raise ParamsError(
+                f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}"
+            )
         return value
     return value
 

@@ -4,6 +4,7 @@ and project the hours each dataset's generation will take, before committing GPU
 Not a DVC stage: a tool run by hand next to `dvc repro` (the live monitor itself prints from
 inside `python -m stages.generate`). Reads params `target`, `generate` and the datasets' budgets.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,8 +18,12 @@ from .generate import make_engine, sampling_for
 from .wiring import target_roles, target_tokenizer
 
 
-def main(samples: int = 32, params: Path = config.PARAMS_FILE,
-         prompts_dir: Path = Path("data/prompts"), raw_dir: Path = Path("data/raw")) -> None:
+def main(
+    samples: int = 32,
+    params: Path = config.PARAMS_FILE,
+    prompts_dir: Path = Path("data/prompts"),
+    raw_dir: Path = Path("data/raw"),
+) -> None:
     """Time `samples` prompts per dataset and project hours per dataset."""
     gen = config.section(config.GenerateParams, "generate", params)
     target = config.section(config.TargetParams, "target", params)
@@ -34,18 +39,28 @@ def main(samples: int = 32, params: Path = config.PARAMS_FILE,
         picked[name] = [(r["sample_id"], r["prompt_ids"]) for r in rows]
     tokenizer = target_tokenizer(target)
     engine = make_engine(gen, target, tokenizer)
-    rate, projections = project_hours(engine, sampling_for(gen, target_roles(target, tokenizer)),
-                                      picked, {b.dataset: b for b in
-                                               run_backlog(budgets, prompts_dir, raw_dir)})
-    print(f"[estimate] {engine.name}: {rate:,.0f} generated tokens/s over "
-          f"{sum(p.samples for p in projections)} samples")
-    print(f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean out':>10}{'tokens left':>14}"
-          f"{'hours':>9}")
+    rate, projections = project_hours(
+        engine,
+        sampling_for(gen, target_roles(target, tokenizer)),
+        picked,
+        {b.dataset: b for b in run_backlog(budgets, prompts_dir, raw_dir)},
+    )
+    print(
+        f"[estimate] {engine.name}: {rate:,.0f} generated tokens/s over "
+        f"{sum(p.samples for p in projections)} samples"
+    )
+    print(
+        f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean out':>10}{'tokens left':>14}{'hours':>9}"
+    )
     for p in projections:
-        print(f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_output_tokens:>10,.0f}"
-              f"{p.tokens_left:>14,.0f}{p.hours:>9.2f}")
-    print(f"{'run':<24}{'':>8}{'':>8}{'':>10}{sum(p.tokens_left for p in projections):>14,.0f}"
-          f"{sum(p.hours for p in projections):>9.2f}")
+        print(
+            f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_output_tokens:>10,.0f}"
+            f"{p.tokens_left:>14,.0f}{p.hours:>9.2f}"
+        )
+    print(
+        f"{'run':<24}{'':>8}{'':>8}{'':>10}{sum(p.tokens_left for p in projections):>14,.0f}"
+        f"{sum(p.hours for p in projections):>9.2f}"
+    )
 
 
 if __name__ == "__main__":

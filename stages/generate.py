@@ -5,6 +5,7 @@ across runs: turns already generated under the same fingerprint (model, template
 regenerate mode) are skipped and conversations continue where they stopped; a changed
 fingerprint starts the dataset over. Writes reports/generate/<name>.json.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,15 +25,20 @@ from .engines import Completion, Sampling
 from .engines.monitor import Backlog, GenerationMonitor, run_backlog
 from .engines.turns import TurnQueue
 from .runtime.io import remove_stale_temps, write_json
-from .target.tokens import TokenRoles, analyze_output
 from .target.tokenizer import pad_id
+from .target.tokens import TokenRoles, analyze_output
 from .wiring import target_fingerprint, target_roles, target_tokenizer
 
 
 def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
-    return Sampling(max_new_tokens=gen.max_new_tokens, temperature=gen.temperature,
-                    top_p=gen.top_p, top_k=gen.top_k, seed=gen.seed,
-                    stop_ids=tuple(roles.stop_ids))
+    return Sampling(
+        max_new_tokens=gen.max_new_tokens,
+        temperature=gen.temperature,
+        top_p=gen.top_p,
+        top_k=gen.top_k,
+        seed=gen.seed,
+        stop_ids=tuple(roles.stop_ids),
+    )
 
 
 def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokenizer):
@@ -40,44 +46,80 @@ def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokeniz
     if gen.engine == "hf":
         from .engines.hf import HFEngine
         from .target.model import load_causal_lm
+
         with params_key("target"):
-            model = load_causal_lm(target.path, target.device, target.dtype,
-                                   target.trust_remote_code, target.cpu_threads)
+            model = load_causal_lm(
+                target.path,
+                target.device,
+                target.dtype,
+                target.trust_remote_code,
+                target.cpu_threads,
+            )
         return HFEngine(model, pad_id(tokenizer), gen.batch_size)
     if gen.engine == "sglang":
         from .engines.sglang import SGLangEngine
+
         s, urls = gen.sglang, gen.sglang.urls
         if s.launch is not None:
             from .launch import server_command, start_launched
-            urls = [start_launched(s.launch, server_command(s.launch, target),
-                                   "generate.sglang.launch").url]
+
+            urls = [
+                start_launched(
+                    s.launch, server_command(s.launch, target), "generate.sglang.launch"
+                ).url
+            ]
         with params_key("generate.sglang"):
-            return SGLangEngine(urls, s.concurrency, s.timeout_s, s.connect_timeout_s,
-                                s.max_retries, s.backoff_s, s.backoff_max_s)
+            return SGLangEngine(
+                urls,
+                s.concurrency,
+                s.timeout_s,
+                s.connect_timeout_s,
+                s.max_retries,
+                s.backoff_s,
+                s.backoff_max_s,
+            )
     raise StageError(f"generate.engine: {gen.engine!r} is not one of 'hf', 'sglang'")
 
 
 def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str) -> str:
     """Everything that shapes the generated tokens; a change regenerates the dataset."""
-    payload = json.dumps([target_fingerprint(target), sampling.__dict__, regenerate],
-                         sort_keys=True)
+    payload = json.dumps(
+        [target_fingerprint(target), sampling.__dict__, regenerate], sort_keys=True
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def completion_row(prompt: dict, done: Completion, roles: TokenRoles, engine: str, fp: str,
-                   tokenizer) -> dict:
+def completion_row(
+    prompt: dict, done: Completion, roles: TokenRoles, engine: str, fp: str, tokenizer
+) -> dict:
     anatomy = analyze_output(done.output_ids, roles, prompt["reasoning_open"])
-    return dict(prompt, output_ids=done.output_ids, finish_reason=done.finish_reason,
-                completion_tokens=len(done.output_ids), reasoning_tokens=anatomy.reasoning_tokens,
-                answer_tokens=anatomy.answer_tokens, tool_calls=anatomy.tool_calls,
-                tool_calls_balanced=anatomy.tool_calls_balanced, error=done.error,
-                latency_s=done.latency_s, engine=engine, fingerprint=fp,
-                output_text=tokenizer.decode(done.output_ids, skip_special_tokens=False))
+    return dict(
+        prompt,
+        output_ids=done.output_ids,
+        finish_reason=done.finish_reason,
+        completion_tokens=len(done.output_ids),
+        reasoning_tokens=anatomy.reasoning_tokens,
+        answer_tokens=anatomy.answer_tokens,
+        tool_calls=anatomy.tool_calls,
+        tool_calls_balanced=anatomy.tool_calls_balanced,
+        error=done.error,
+        latency_s=done.latency_s,
+        engine=engine,
+        fingerprint=fp,
+        output_text=tokenizer.decode(done.output_ids, skip_special_tokens=False),
+    )
 
 
-def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.GenerateParams,
-                     budget_tokens: int, target: config.TargetParams, engine=None,
-                     others: list[Backlog] = ()) -> dict:
+def generate_dataset(
+    name: str,
+    prompts_path: Path,
+    out_dir: Path,
+    gen: config.GenerateParams,
+    budget_tokens: int,
+    target: config.TargetParams,
+    engine=None,
+    others: list[Backlog] = (),
+) -> dict:
     tokenizer = target_tokenizer(target)
     roles = target_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
@@ -86,16 +128,19 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
 
     existing = read_raw(out_dir)
     if existing.num_rows and set(existing.column("fingerprint").to_pylist()) != {fp}:
-        print(f"[generate {name}] model, template, sampling or regenerate mode changed: "
-              f"regenerating {name}")
+        print(
+            f"[generate {name}] model, template, sampling or regenerate mode changed: "
+            f"regenerating {name}"
+        )
         shutil.rmtree(out_dir)
         existing = RAW_SCHEMA.empty_table()
     remove_stale_temps(out_dir)
     wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
     existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
     used = pc.sum(existing.column("completion_tokens")).as_py() or 0
-    queue = TurnQueue(prompts.to_pylist(), last_turns(existing, settings.all_turns), settings,
-                      roles)
+    queue = TurnQueue(
+        prompts.to_pylist(), last_turns(existing, settings.all_turns), settings, roles
+    )
     state = dict(tokens=used, new=0)
 
     def requests():
@@ -109,8 +154,15 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
     start = time.monotonic()
     if used < budget_tokens and queue.has_unsent():  # else no engine (no server) is started
         engine = engine or make_engine(gen, target, tokenizer)
-        monitor = GenerationMonitor(name, queue.planned_turns, existing.num_rows, budget_tokens,
-                                    used, others, getattr(engine, "urls", ()))
+        monitor = GenerationMonitor(
+            name,
+            queue.planned_turns,
+            existing.num_rows,
+            budget_tokens,
+            used,
+            others,
+            getattr(engine, "urls", ()),
+        )
         buffer: list[dict] = []
         for done in engine.generate(requests(), sampling):
             prompt = queue.complete(done)
@@ -135,28 +187,41 @@ def generate_dataset(name: str, prompts_path: Path, out_dir: Path, gen: config.G
     reasons = table.column("finish_reason").to_pylist()
     samples = pc.count_distinct(table.column("sample_id")).as_py()
     return {
-        "dataset": name, "samples": samples, "prompts": len(wanted),
+        "dataset": name,
+        "samples": samples,
+        "prompts": len(wanted),
         "new_samples": samples - pc.count_distinct(existing.column("sample_id")).as_py(),
-        "turns": table.num_rows, "new_turns": state["new"],
+        "turns": table.num_rows,
+        "new_turns": state["new"],
         "stopped_at_prompt_limit": queue.stopped_at_limit,
-        "tokens": state["tokens"], "budget_tokens": budget_tokens,
+        "tokens": state["tokens"],
+        "budget_tokens": budget_tokens,
         "budget_overshoot_tokens": max(state["tokens"] - budget_tokens, 0),
         "budget_reached": state["tokens"] >= budget_tokens,
         "failed": reasons.count("abort"),
         "tokens_per_s": round(new_tokens / elapsed, 1) if state["new"] else None,
-        "engine": engine.name if engine else gen.engine, "fingerprint": fp,
+        "engine": engine.name if engine else gen.engine,
+        "fingerprint": fp,
     }
 
 
-def main(dataset: str, prompts: PathOpt, out: PathOpt, report: PathOpt,
-         params: Path = config.PARAMS_FILE) -> None:
+def main(
+    dataset: str, prompts: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.PARAMS_FILE
+) -> None:
     """Generate the target's replies for one dataset: prompts file -> raw directory."""
     ds = config.dataset(dataset, params)
     budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}
     gen = config.section(config.GenerateParams, "generate", params)
     target = config.section(config.TargetParams, "target", params)
-    metrics = generate_dataset(dataset, prompts, out, gen, ds.generate.budget_tokens, target,
-                               others=run_backlog(budgets, prompts.parent, out.parent))
+    metrics = generate_dataset(
+        dataset,
+        prompts,
+        out,
+        gen,
+        ds.generate.budget_tokens,
+        target,
+        others=run_backlog(budgets, prompts.parent, out.parent),
+    )
     write_json(metrics, report)
     print(f"[generate {dataset}] " + "  ".join(f"{k} {v}" for k, v in metrics.items()))
 

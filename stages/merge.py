@@ -6,6 +6,7 @@ of each turn's output, the positions trained on. Dedupes prompts across datasets
 a seeded hash and shuffles deterministically. DuckDB streams the Parquet files; nothing goes
 through Python lists.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,38 +18,48 @@ from .cli import PathOpt, StageError, run
 from .queries import open_samples, rows, sql
 from .runtime.io import atomic_path, write_json
 
-COUNTS = ("samples", "duplicates", "tokens", "supervised_tokens", "turns", "truncated",
-          "shortened")
+COUNTS = ("samples", "duplicates", "tokens", "supervised_tokens", "turns", "truncated", "shortened")
 
 
 def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> dict:
     files = [str(p) for d in raw_dirs for p in parts(d)]
     if not files:
-        raise StageError(f"merge: no raw generations under {[str(d) for d in raw_dirs]}; "
-                         f"run the generate stages first")
+        raise StageError(
+            f"merge: no raw generations under {[str(d) for d in raw_dirs]}; "
+            f"run the generate stages first"
+        )
     con = open_samples(files)
-    con.execute(f"CREATE TEMP TABLE merged AS {sql('merge')}",
-                dict(max_length=params.max_length, seed=str(params.seed),
-                     eval_fraction=params.eval_fraction))
+    con.execute(
+        f"CREATE TEMP TABLE merged AS {sql('merge')}",
+        dict(
+            max_length=params.max_length, seed=str(params.seed), eval_fraction=params.eval_fraction
+        ),
+    )
     misplaced = rows(con, "misplaced_turns")
     if misplaced:
         where = ", ".join(f"{r['sample_id']} turn {r['turn']}" for r in misplaced)
-        raise StageError(f"merge: turns whose ids are not the start of their sample's later "
-                         f"turns ({where}): the raw data mixes runs; delete data/raw/"
-                         f"{misplaced[0]['dataset']} and generate it again")
+        raise StageError(
+            f"merge: turns whose ids are not the start of their sample's later "
+            f"turns ({where}): the raw data mixes runs; delete data/raw/"
+            f"{misplaced[0]['dataset']} and generate it again"
+        )
     for split in merged.SPLITS:
         with atomic_path(merged.split_path(out_dir, split)) as tmp:
-            con.execute(f"COPY (SELECT {', '.join(merged.COLUMNS)} FROM merged WHERE NOT duplicate AND "
-                        f"split = '{split}') TO '{tmp}' (FORMAT parquet, COMPRESSION zstd)")
+            con.execute(
+                f"COPY (SELECT {', '.join(merged.COLUMNS)} FROM merged WHERE NOT duplicate AND "
+                f"split = '{split}') TO '{tmp}' (FORMAT parquet, COMPRESSION zstd)"
+            )
     per = rows(con, "merged_counts")
     totals: dict = {"train": {}, "eval": {}}
     for r in per:
         totals[r["split"]][r["dataset"]] = {k: int(r[k] or 0) for k in COUNTS}
-    summary = {split: {k: sum(d[k] for d in by.values()) for k in COUNTS}
-               for split, by in totals.items()}
+    summary = {
+        split: {k: sum(d[k] for d in by.values()) for k in COUNTS} for split, by in totals.items()
+    }
     if not summary["train"]["samples"]:
-        raise StageError("merge: the train split is empty; lower merge.eval_fraction or "
-                         "generate more samples")
+        raise StageError(
+            "merge: the train split is empty; lower merge.eval_fraction or generate more samples"
+        )
     return {"summary": summary, "per_dataset": totals}
 
 

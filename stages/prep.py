@@ -6,19 +6,20 @@ conversation also gets the ids the template adds between its turns. Writes
 data/prompts/<name>.parquet and reports/prep/<name>.json (rows read, malformed, duplicate, too
 long, kept, turns).
 """
+
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import heapq
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 from . import config
+from .artifacts.prompts import PromptSettings, write_prompts
 from .cli import PathOpt, StageError, run
 from .runtime.io import write_json
-from .artifacts.prompts import PromptSettings, write_prompts
 from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
 from .target.template import ChatTemplate, TemplateError
 from .wiring import target_roles, target_tokenizer
@@ -36,13 +37,17 @@ def template_params(dataset: str, where: str = "") -> Iterator[None]:
     try:
         yield
     except TemplateError as err:
-        keys = {"expect_reasoning": f"datasets.{dataset}.expect.reasoning",
-                "regenerate": f"datasets.{dataset}.prep.regenerate",
-                "template_kwargs": "target.template_kwargs",
-                "chat_template": "target.chat_template", "roles": "target.roles"}
+        keys = {
+            "expect_reasoning": f"datasets.{dataset}.expect.reasoning",
+            "regenerate": f"datasets.{dataset}.prep.regenerate",
+            "template_kwargs": "target.template_kwargs",
+            "chat_template": "target.chat_template",
+            "roles": "target.roles",
+        }
         at = f" ({where})" if where else ""
-        raise StageError(f"dataset {dataset}: {err}{at}; params: "
-                         f"{', '.join(keys[s] for s in err.settings)}") from None
+        raise StageError(
+            f"dataset {dataset}: {err}{at}; params: {', '.join(keys[s] for s in err.settings)}"
+        ) from None
 
 
 def turn_messages(messages: list[dict], all_turns: bool) -> list[tuple[int, int]]:
@@ -51,15 +56,26 @@ def turn_messages(messages: list[dict], all_turns: bool) -> list[tuple[int, int]
     return turn_bounds(messages) if all_turns else [(0, len(prompt_messages(messages)))]
 
 
-def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
-            target: config.TargetParams, out: Path, report: Path) -> dict:
+def prepare(
+    name: str,
+    prep: config.PrepParams,
+    expect: config.ExpectParams,
+    target: config.TargetParams,
+    out: Path,
+    report: Path,
+) -> dict:
     tokenizer = target_tokenizer(target)
     roles = target_roles(target, tokenizer)
     all_turns = prep.regenerate == "all_turns"
     with template_params(name):
-        template = ChatTemplate(tokenizer, roles, target.template_kwargs,
-                                target.chat_template or f"the chat template of {target.path}",
-                                expect.reasoning, all_turns)
+        template = ChatTemplate(
+            tokenizer,
+            roles,
+            target.template_kwargs,
+            target.chat_template or f"the chat template of {target.path}",
+            expect.reasoning,
+            all_turns,
+        )
     counts = dict(rows=0, malformed=0, duplicate=0, too_long=0, sampled_out=0, kept=0, turns=0)
     seen: set[str] = set()
     ids_seen: set[str] = set()
@@ -70,8 +86,12 @@ def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
         counts["malformed"] += 1
         malformed.append(str(err))
 
-    rows = read_conversations(prep.path, prep.format, columns=prep.columns,
-                              on_bad_row=on_bad_row if prep.skip_bad_rows else None)
+    rows = read_conversations(
+        prep.path,
+        prep.format,
+        columns=prep.columns,
+        on_bad_row=on_bad_row if prep.skip_bad_rows else None,
+    )
     for conv in rows:
         counts["rows"] += 1
         sample_id = f"{name}/{conv.source_id}"
@@ -83,7 +103,7 @@ def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
                 raise bad from None
             on_bad_row(bad)
             continue
-        messages = conv.messages[:bounds[-1][1]]
+        messages = conv.messages[: bounds[-1][1]]
         key = normalized_key(messages, conv.tools)
         if key in seen:
             counts["duplicate"] += 1
@@ -99,19 +119,25 @@ def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
             counts["too_long"] += 1
             continue
         rank = int(hashlib.sha256(f"{prep.seed}:{sample_id}".encode()).hexdigest()[:15], 16)
-        row = dict(sample_id=sample_id, dataset=name,
-                   messages=json.dumps(messages, ensure_ascii=False),
-                   tools=None if conv.tools is None else json.dumps(conv.tools, ensure_ascii=False),
-                   prompt_ids=ids, prompt_len=len(ids),
-                   reasoning_open=roles.think is not None and ids[-1] == roles.think,
-                   turn_deltas=plan.deltas)
+        row = dict(
+            sample_id=sample_id,
+            dataset=name,
+            messages=json.dumps(messages, ensure_ascii=False),
+            tools=None if conv.tools is None else json.dumps(conv.tools, ensure_ascii=False),
+            prompt_ids=ids,
+            prompt_len=len(ids),
+            reasoning_open=roles.think is not None and ids[-1] == roles.think,
+            turn_deltas=plan.deltas,
+        )
         heapq.heappush(keep, (-rank, sample_id, row))
         if prep.max_samples is not None and len(keep) > prep.max_samples:
             heapq.heappop(keep)
             counts["sampled_out"] += 1
     if not keep:
-        raise StageError(f"{prep.path}: no usable prompt for dataset {name!r} "
-                         f"({counts}); check datasets.{name}.prep (format, path, max_prompt_tokens)")
+        raise StageError(
+            f"{prep.path}: no usable prompt for dataset {name!r} "
+            f"({counts}); check datasets.{name}.prep (format, path, max_prompt_tokens)"
+        )
     selected = sorted((row for _, _, row in keep), key=lambda r: r["sample_id"])
     counts["kept"] = len(selected)
     counts["turns"] = sum(1 + len(row["turn_deltas"]) for row in selected)
@@ -120,8 +146,7 @@ def prepare(name: str, prep: config.PrepParams, expect: config.ExpectParams,
     return counts
 
 
-def main(dataset: str, out: PathOpt, report: PathOpt,
-         params: Path = config.PARAMS_FILE) -> None:
+def main(dataset: str, out: PathOpt, report: PathOpt, params: Path = config.PARAMS_FILE) -> None:
     """Build the prompt ids of one dataset."""
     ds = config.dataset(dataset, params)
     target = config.section(config.TargetParams, "target", params)

@@ -6,6 +6,7 @@ eval split; exports the best to models/drafter/ in SGLang's LlamaForCausalLMEagl
 (checked key by key). Writes reports/train.json, reports/plots/train_loss.csv and
 reports/plots/train_acceptance.csv. Under torchrun it trains data-parallel (DDP).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -33,8 +34,9 @@ from .target.weights import embedding_and_head
 
 def build_drafter(target_config, meta: dict, vocab_file: Path, draft: dict) -> Eagle3Drafter:
     vocab = load_file(str(vocab_file))
-    cfg = Eagle3Config.from_target(target_config, int(vocab["d2t"].numel()),
-                                   meta["aux_hf_indices"], **draft)
+    cfg = Eagle3Config.from_target(
+        target_config, int(vocab["d2t"].numel()), meta["aux_hf_indices"], **draft
+    )
     drafter = Eagle3Drafter(cfg)
     drafter.set_vocab(vocab["d2t"], vocab["t2d"])
     return drafter
@@ -44,11 +46,21 @@ def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
     steps_per_epoch = math.ceil(train_samples / p.batch_size)
     total = p.max_steps or max(1, math.ceil(steps_per_epoch * p.epochs))
     return LoopSettings(
-        ttt_steps=p.ttt_steps, decay=p.decay, total_steps=total, batch_size=p.batch_size,
-        lr=p.lr, min_lr_ratio=p.min_lr_ratio, warmup_steps=max(1, int(total * p.warmup_ratio)),
-        weight_decay=p.weight_decay, grad_clip=p.grad_clip, eval_every=p.eval_every,
-        eval_num_steps=p.eval_num_steps, eval_max_samples=p.eval_max_samples,
-        checkpoint_every=p.checkpoint_every, seed=p.seed)
+        ttt_steps=p.ttt_steps,
+        decay=p.decay,
+        total_steps=total,
+        batch_size=p.batch_size,
+        lr=p.lr,
+        min_lr_ratio=p.min_lr_ratio,
+        warmup_steps=max(1, int(total * p.warmup_ratio)),
+        weight_decay=p.weight_decay,
+        grad_clip=p.grad_clip,
+        eval_every=p.eval_every,
+        eval_num_steps=p.eval_num_steps,
+        eval_max_samples=p.eval_max_samples,
+        checkpoint_every=p.checkpoint_every,
+        seed=p.seed,
+    )
 
 
 # What a checkpoint holds; raise it when that changes (2: evaluations carry replayed_tau), so
@@ -62,15 +74,24 @@ def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
     run = {"checkpoint_format": CHECKPOINT_FORMAT, **run}
     run_file = checkpoint_dir / "run.json"
     if run_file.exists() and json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
-        print(f"[train] params, features, vocab or checkpoint format changed: starting over "
-              f"in {checkpoint_dir}")
+        print(
+            f"[train] params, features, vocab or checkpoint format changed: starting over "
+            f"in {checkpoint_dir}"
+        )
         shutil.rmtree(checkpoint_dir)
     remove_stale_temps(checkpoint_dir)  # a killed run's half-saved checkpoint
     write_json(run, run_file)
 
 
-def main(hidden_dir: PathOpt, vocab_file: PathOpt, checkpoint_dir: PathOpt, out_dir: PathOpt,
-         report: PathOpt, plots: PathOpt, params: Path = config.PARAMS_FILE) -> None:
+def main(
+    hidden_dir: PathOpt,
+    vocab_file: PathOpt,
+    checkpoint_dir: PathOpt,
+    out_dir: PathOpt,
+    report: PathOpt,
+    plots: PathOpt,
+    params: Path = config.PARAMS_FILE,
+) -> None:
     """Train the drafter (torchrun for several GPUs) and export the best checkpoint."""
     p = config.section(config.TrainParams, "train", params)
     target = config.section(config.TargetParams, "target", params)
@@ -78,12 +99,15 @@ def main(hidden_dir: PathOpt, vocab_file: PathOpt, checkpoint_dir: PathOpt, out_
     if device.type == "cpu":
         set_cpu_threads(p.cpu_threads)
     if p.batch_size % rank.world:
-        raise StageError(f"train.batch_size: {p.batch_size} samples do not split evenly over "
-                         f"{rank.world} processes; use a multiple of {rank.world}")
+        raise StageError(
+            f"train.batch_size: {p.batch_size} samples do not split evenly over "
+            f"{rank.world} processes; use a multiple of {rank.world}"
+        )
     torch.manual_seed(p.seed)
     meta = json.loads((hidden_dir / hidden.META).read_text())
-    target_config = AutoConfig.from_pretrained(target.path, local_files_only=True,
-                                               trust_remote_code=target.trust_remote_code)
+    target_config = AutoConfig.from_pretrained(
+        target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
+    )
     drafter = build_drafter(target_config, meta, vocab_file, p.draft)
     embed, head = embedding_and_head(target.path)
     train_set = HiddenStates(hidden_dir, "train", p.max_length)
@@ -92,44 +116,71 @@ def main(hidden_dir: PathOpt, vocab_file: PathOpt, checkpoint_dir: PathOpt, out_
         raise StageError(f"{hidden_dir / hidden.INDEX}: no train samples; check extract.splits")
     s = settings(p, len(train_set))
     if rank.main:
-        start_or_resume(checkpoint_dir, {"train": p.__dict__, "hidden": meta["fingerprint"],
-                                         "vocab": hashlib.sha256(vocab_file.read_bytes())
-                                         .hexdigest()[:16]})
+        start_or_resume(
+            checkpoint_dir,
+            {
+                "train": p.__dict__,
+                "hidden": meta["fingerprint"],
+                "vocab": hashlib.sha256(vocab_file.read_bytes()).hexdigest()[:16],
+            },
+        )
     if rank.world > 1:
         torch.distributed.barrier()
     if rank.main:
-        print(f"[train] {len(train_set)} train / {len(eval_set)} eval samples, "
-              f"{s.total_steps} steps, draft {sum(x.numel() for x in drafter.parameters()):,} "
-              f"parameters on {device} x {rank.world}")
+        print(
+            f"[train] {len(train_set)} train / {len(eval_set)} eval samples, "
+            f"{s.total_steps} steps, draft {sum(x.numel() for x in drafter.parameters()):,} "
+            f"parameters on {device} x {rank.world}"
+        )
     objective = Objective(drafter, embed.float(), head.float(), p.ttt_steps, p.decay)
     history = train(objective, train_set, eval_set, s, checkpoint_dir, device, rank)
     if rank.main:
         best_path = checkpoint_dir / "best.pt"
-        best = torch.load(best_path if best_path.exists() else checkpoint_dir / "last.pt",
-                          map_location="cpu", weights_only=True)
+        best = torch.load(
+            best_path if best_path.exists() else checkpoint_dir / "last.pt",
+            map_location="cpu",
+            weights_only=True,
+        )
         drafter.load_state_dict(best["model"])
         remove_stale_temps(out_dir.parent)  # a killed export's half-written directory
         with params_key("train.sglang_version"):
-            export_drafter(drafter.cpu(), drafter.cfg, out_dir, target_config,
-                           extra={"training": p.__dict__, "hidden_meta": meta},
-                           sglang_version=p.sglang_version)
-            check_export(out_dir, target_config, meta["aux_hf_indices"],
-                         sglang_version=p.sglang_version)
+            export_drafter(
+                drafter.cpu(),
+                drafter.cfg,
+                out_dir,
+                target_config,
+                extra={"training": p.__dict__, "hidden_meta": meta},
+                sglang_version=p.sglang_version,
+            )
+            check_export(
+                out_dir, target_config, meta["aux_hf_indices"], sglang_version=p.sglang_version
+            )
         best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
-        metrics = {"steps": s.total_steps, "final_loss": history.steps[-1]["loss"],
-                   "best_step": best_eval and best_eval["step"],
-                   "best_replayed_tau": best_eval and best_eval["replayed_tau"],
-                   "best_simulated_tau": best_eval and best_eval["simulated_tau"],
-                   "eval_num_steps": p.eval_num_steps, "world_size": rank.world,
-                   "tokens_per_s": round(history.tokens_per_s, 1)}
+        metrics = {
+            "steps": s.total_steps,
+            "final_loss": history.steps[-1]["loss"],
+            "best_step": best_eval and best_eval["step"],
+            "best_replayed_tau": best_eval and best_eval["replayed_tau"],
+            "best_simulated_tau": best_eval and best_eval["simulated_tau"],
+            "eval_num_steps": p.eval_num_steps,
+            "world_size": rank.world,
+            "tokens_per_s": round(history.tokens_per_s, 1),
+        }
         write_json(metrics, report)
         write_csv(history.steps, plots / "train_loss.csv")
         if best_eval:
-            write_csv([{"position": k + 1, "accuracy": best_eval["accuracy"][k],
+            write_csv(
+                [
+                    {
+                        "position": k + 1,
+                        "accuracy": best_eval["accuracy"][k],
                         "conditional": best_eval["acceptance_conditional"][k],
-                        "unconditional": best_eval["acceptance_unconditional"][k]}
-                       for k in range(p.ttt_steps)],
-                      plots / "train_acceptance.csv")
+                        "unconditional": best_eval["acceptance_unconditional"][k],
+                    }
+                    for k in range(p.ttt_steps)
+                ],
+                plots / "train_acceptance.csv",
+            )
         print(f"[train] {metrics}")
     parallel.stop(rank)
 

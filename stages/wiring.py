@@ -1,5 +1,6 @@
 """Library objects built from params, shared by the stages: the target's tokenizer, roles and
 fingerprint."""
+
 from __future__ import annotations
 
 from . import config
@@ -20,5 +21,6 @@ def target_roles(target: config.TargetParams, tokenizer) -> TokenRoles:
 
 def target_fingerprint(target: config.TargetParams) -> str:
     """Changes with the model, its template and everything in params that shapes its tokens."""
-    return model_fingerprint(target.path, target.chat_template,
-                             [target.template_kwargs, target.roles, target.dtype])
+    return model_fingerprint(
+        target.path, target.chat_template, [target.template_kwargs, target.roles, target.dtype]
+    )

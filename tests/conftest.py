@@ -1,4 +1,5 @@
 """Shared fixtures: paths to the real tiny model in ../shared and to the committed demo target."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,6 +20,7 @@ def stories_path() -> Path:
 
 @pytest.fixture(scope="session")
 def demo_target() -> Path:
-    assert (DEMO_TARGET / "config.json").exists(), \
+    assert (DEMO_TARGET / "config.json").exists(), (
         f"{DEMO_TARGET} is missing: build it with `make target`"
+    )
     return DEMO_TARGET

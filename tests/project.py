@@ -1,4 +1,5 @@
 """Run the real pipeline in a temporary git + DVC copy of the project."""
+
 from __future__ import annotations
 
 import os
@@ -14,13 +15,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sh(cmd: list[str], cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-               DVC_NO_ANALYTICS="1", GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    env = dict(
+        os.environ,
+        PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        DVC_NO_ANALYTICS="1",
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if check and proc.returncode:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n"
-                             f"{proc.stderr}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 

@@ -1,8 +1,8 @@
 """Run a stage's command line in-process, as `python -m stages.<stage>` would."""
+
 from __future__ import annotations
 
 import sys
-
 
 from stages.cli import run
 
@@ -17,5 +17,3 @@ def run_stage(main, args: list[str], monkeypatch, capsys) -> tuple[int, str, str
         code = done.code or 0
     out = capsys.readouterr()
     return code, out.out, out.err
-
-

@@ -4,6 +4,7 @@ STOP_COUNT-th write of a file matching STOP_AT: the temp file written, not yet r
 tests/test_kill9.py then sends SIGKILL, so the kill lands mid-write on every machine, which polling
 the directory cannot promise (a small shard is written in under a millisecond).
 """
+
 import fnmatch
 import os
 import runpy

@@ -2,6 +2,7 @@
 exported drafter (hf_server's --speculative-* mode) and one without: tau from meta_info equals the
 in-process count on the same prompts (the prefill token aside), a server without speculation is
 refused with the reason, and launch mode starts both servers in turn with the commands reported."""
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,17 @@ from stages.drafter.export import export_drafter, load_drafter
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.engines import Completion, Sampling, hf_server
 from stages.engines.hf import HFEngine
-from stages.target.model import load_causal_lm
 from stages.engines.hf_server import HFServer, Speculative, model_eos_ids
 from stages.engines.sglang import Reply, SGLangError
-from stages.engines.sglang_bench import (ServerRun, acceptance, check_speculative_server, measure,
-                                         server_facts)
+from stages.engines.sglang_bench import (
+    ServerRun,
+    acceptance,
+    check_speculative_server,
+    measure,
+    server_facts,
+)
 from stages.engines.sglang_server import is_healthy
+from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
 from stages.wiring import target_roles, target_tokenizer
 from tests.conftest import STORIES
@@ -35,9 +41,14 @@ from tests.engines.conftest import client, free_port
 
 TEMPLATE = Path(__file__).parent / "fixtures" / "stories_chat_template.jinja"
 NUM_STEPS, MAX_NEW_TOKENS, DRAFT_VOCAB = 3, 40, 32
-OPENINGS = {"tales": ["Once upon a time there was a cat", "The little girl saw a big dog",
-                      "Tom wanted to play in the park"],
-            "sea": ["Lily and Ben went to the sea", "A small fish lived in a pond"]}
+OPENINGS = {
+    "tales": [
+        "Once upon a time there was a cat",
+        "The little girl saw a big dog",
+        "Tom wanted to play in the park",
+    ],
+    "sea": ["Lily and Ben went to the sea", "A small fish lived in a pond"],
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -53,8 +64,9 @@ def one_torch_thread():
 
 @pytest.fixture(scope="module")
 def target() -> TargetParams:
-    return TargetParams(path=str(STORIES), chat_template=str(TEMPLATE), device="cpu",
-                        dtype="float32")
+    return TargetParams(
+        path=str(STORIES), chat_template=str(TEMPLATE), device="cpu", dtype="float32"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -81,22 +93,40 @@ def drafter_dir(tmp_path_factory, model, tokenizer) -> Path:
     with torch.no_grad():
         drafter.lm_head.weight.zero_()  # equal logits: index 0 wins
         drafter.set_vocab(used - torch.arange(DRAFT_VOCAB), t2d)
-    return export_drafter(drafter, cfg, tmp_path_factory.mktemp("models") / "drafter",
-                          model.config, {"purpose": "test"})
+    return export_drafter(
+        drafter,
+        cfg,
+        tmp_path_factory.mktemp("models") / "drafter",
+        model.config,
+        {"purpose": "test"},
+    )
 
 
 @pytest.fixture(scope="module")
 def prompts(target, tokenizer) -> dict[str, list[list[int]]]:
-    return {name: [render_prompt(tokenizer, [{"role": "user", "content": text}], None, {})
-                   for text in texts] for name, texts in OPENINGS.items()}
+    return {
+        name: [
+            render_prompt(tokenizer, [{"role": "user", "content": text}], None, {})
+            for text in texts
+        ]
+        for name, texts in OPENINGS.items()
+    }
 
 
 @pytest.fixture(scope="module")
 def eval_file(tmp_path_factory, prompts) -> Path:
     """The merge stage's eval split: prompt + reply ids, the reply supervised."""
-    rows = [{"sample_id": f"{name}/{i}", "dataset": name, "input_ids": ids + [5, 6, 7],
-             "loss_spans": [[len(ids), len(ids) + 3]], "split": "eval"}
-            for name, group in prompts.items() for i, ids in enumerate(group)]
+    rows = [
+        {
+            "sample_id": f"{name}/{i}",
+            "dataset": name,
+            "input_ids": ids + [5, 6, 7],
+            "loss_spans": [[len(ids), len(ids) + 3]],
+            "split": "eval",
+        }
+        for name, group in prompts.items()
+        for i, ids in enumerate(group)
+    ]
     path = tmp_path_factory.mktemp("merged") / "eval.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
@@ -105,10 +135,12 @@ def eval_file(tmp_path_factory, prompts) -> Path:
 @pytest.fixture(scope="module")
 def servers(model, tokenizer, drafter_dir):
     """(speculative, plain) servers of the same target, on real local ports."""
+
     def serve(speculative=None) -> HFServer:
         engine = HFEngine(model, pad_id(tokenizer), batch_size=8)
-        return HFServer(engine, eos_ids=model_eos_ids(model), model_path=str(STORIES),
-                        speculative=speculative).start()
+        return HFServer(
+            engine, eos_ids=model_eos_ids(model), model_path=str(STORIES), speculative=speculative
+        ).start()
 
     drafter, _ = load_drafter(drafter_dir)
     spec = serve(Speculative(model, drafter.eval(), NUM_STEPS, str(drafter_dir)))
@@ -118,28 +150,69 @@ def servers(model, tokenizer, drafter_dir):
     plain.stop()
 
 
-def run_stage(tmp_path: Path, target: TargetParams, eval_file: Path, drafter_dir: Path,
-              **sglang) -> dict:
+def run_stage(
+    tmp_path: Path, target: TargetParams, eval_file: Path, drafter_dir: Path, **sglang
+) -> dict:
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({
-        "target": {"path": target.path, "chat_template": target.chat_template,
-                   "device": "cpu", "dtype": "float32"},
-        "benchmark": {"mode": "sglang", "num_steps": NUM_STEPS, "temperatures": [0.0],
-                      "max_new_tokens": MAX_NEW_TOKENS, "sglang": {"concurrency": 2, **sglang}}}))
-    benchmark.main(eval_file.parent, drafter_dir, tmp_path / "reports" / "benchmark.json",
-                   tmp_path / "reports" / "plots" / "benchmark_acceptance.csv", params)
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "target": {
+                    "path": target.path,
+                    "chat_template": target.chat_template,
+                    "device": "cpu",
+                    "dtype": "float32",
+                },
+                "benchmark": {
+                    "mode": "sglang",
+                    "num_steps": NUM_STEPS,
+                    "temperatures": [0.0],
+                    "max_new_tokens": MAX_NEW_TOKENS,
+                    "sglang": {"concurrency": 2, **sglang},
+                },
+            }
+        )
+    )
+    benchmark.main(
+        eval_file.parent,
+        drafter_dir,
+        tmp_path / "reports" / "benchmark.json",
+        tmp_path / "reports" / "plots" / "benchmark_acceptance.csv",
+        params,
+    )
     return json.loads((tmp_path / "reports" / "benchmark.json").read_text())
 
 
-def expected_commands(drafter_dir: Path, module: str = "sglang.launch_server",
-                      server_args: tuple[str, ...] = ("--host", "127.0.0.1", "--port", "30000",
-                                                      "--tp-size", "1", "--dp-size", "1",
-                                                      "--kv-cache-dtype", "auto",
-                                                      "--enable-metrics")) -> dict[str, str]:
+def expected_commands(
+    drafter_dir: Path,
+    module: str = "sglang.launch_server",
+    server_args: tuple[str, ...] = (
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30000",
+        "--tp-size",
+        "1",
+        "--dp-size",
+        "1",
+        "--kv-cache-dtype",
+        "auto",
+        "--enable-metrics",
+    ),
+) -> dict[str, str]:
     base = [sys.executable, "-m", module, "--model-path", str(STORIES), *server_args]
-    spec = ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path",
-            str(drafter_dir), "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
-            "--speculative-num-draft-tokens", "4"]
+    spec = [
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(drafter_dir),
+        "--speculative-num-steps",
+        "3",
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        "4",
+    ]
     return {"spec": shlex.join(base + spec), "base": shlex.join(base)}
 
 
@@ -152,12 +225,13 @@ def in_process(model, drafter_dir, prompts, target, tokenizer) -> dict:
     return benchmark.benchmark(model, drafter.eval(), prompts, b, stop_ids)["temperatures"]["0.0"]
 
 
-def test_served_tau_is_the_in_process_count_with_the_prefill_token(tmp_path, target, eval_file,
-                                                                   drafter_dir, servers,
-                                                                   in_process):
+def test_served_tau_is_the_in_process_count_with_the_prefill_token(
+    tmp_path, target, eval_file, drafter_dir, servers, in_process
+):
     spec, plain = servers
-    report = run_stage(tmp_path, target, eval_file, drafter_dir, spec_url=spec.url,
-                       base_url=plain.url)
+    report = run_stage(
+        tmp_path, target, eval_file, drafter_dir, spec_url=spec.url, base_url=plain.url
+    )
     greedy = report["temperatures"]["0.0"]
     for name, group in OPENINGS.items():
         served, local = greedy["datasets"][name], in_process["datasets"][name]
@@ -171,9 +245,11 @@ def test_served_tau_is_the_in_process_count_with_the_prefill_token(tmp_path, tar
             assert served[key] == [None if x != x else x for x in local[key]]
         assert served["outputs_equal_baseline"] == len(group)  # lossless at temperature 0
         assert served["speedup"] == pytest.approx(
-            served["spec_tokens_per_s"] / served["base_tokens_per_s"], rel=1e-2)
-    tokens, verify_steps = (sum(d[key] for d in in_process["datasets"].values())
-                            for key in ("tokens", "verify_steps"))
+            served["spec_tokens_per_s"] / served["base_tokens_per_s"], rel=1e-2
+        )
+    tokens, verify_steps = (
+        sum(d[key] for d in in_process["datasets"].values()) for key in ("tokens", "verify_steps")
+    )
     # the drafter is accepted sometimes, not never and not always
     assert tokens / (NUM_STEPS + 1) < verify_steps < tokens
     assert greedy["verify_steps"] == verify_steps
@@ -183,9 +259,13 @@ def test_served_tau_is_the_in_process_count_with_the_prefill_token(tmp_path, tar
 
     facts = report["servers"]["spec"]
     assert report["engine_version"] == facts["version"] and facts["version"].startswith(
-        "hf_server (transformers ")
-    assert (facts["speculative_algorithm"], facts["speculative_num_steps"],
-            facts["speculative_num_draft_tokens"]) == ("EAGLE3", 3, 4)
+        "hf_server (transformers "
+    )
+    assert (
+        facts["speculative_algorithm"],
+        facts["speculative_num_steps"],
+        facts["speculative_num_draft_tokens"],
+    ) == ("EAGLE3", 3, 4)
     assert report["servers"]["base"]["speculative_algorithm"] is None
     # attached: the commands reported are those launch mode would run
     commands = expected_commands(drafter_dir)
@@ -195,42 +275,80 @@ def test_served_tau_is_the_in_process_count_with_the_prefill_token(tmp_path, tar
     assert len(plot) == 1 + len(OPENINGS) * NUM_STEPS
 
 
-def test_a_server_without_speculation_is_refused_with_the_reason(tmp_path, target, eval_file,
-                                                                 drafter_dir, servers, prompts):
+def test_a_server_without_speculation_is_refused_with_the_reason(
+    tmp_path, target, eval_file, drafter_dir, servers, prompts
+):
     spec, plain = servers
-    with pytest.raises(SGLangError, match=r"is not running speculative decoding \(its "
-                                          r"/server_info has speculative_algorithm None\)"):
-        run_stage(tmp_path, target, eval_file, drafter_dir, spec_url=plain.url,
-                  base_url=plain.url)
+    with pytest.raises(
+        SGLangError,
+        match=r"is not running speculative decoding \(its "
+        r"/server_info has speculative_algorithm None\)",
+    ):
+        run_stage(tmp_path, target, eval_file, drafter_dir, spec_url=plain.url, base_url=plain.url)
     with pytest.raises(SGLangError, match="runs speculative decoding .* so it is no baseline"):
         run_stage(tmp_path, target, eval_file, drafter_dir, spec_url=spec.url, base_url=spec.url)
-    with pytest.raises(StageError, match=rf"benchmark.sglang.base_url: http://127.0.0.1:\d+/health "
-                                         rf"does not answer 200"):
-        run_stage(tmp_path, target, eval_file, drafter_dir, spec_url=spec.url,
-                  base_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(
+        StageError,
+        match=r"benchmark.sglang.base_url: http://127.0.0.1:\d+/health "
+        r"does not answer 200",
+    ):
+        run_stage(
+            tmp_path,
+            target,
+            eval_file,
+            drafter_dir,
+            spec_url=spec.url,
+            base_url=f"http://127.0.0.1:{free_port()}",
+        )
     # a server that does not say what it runs is caught by its replies
     requests = [(f"tales/{i}", ids) for i, ids in enumerate(prompts["tales"])]
     run = measure(client(plain.url), requests, Sampling(max_new_tokens=8, stop_ids=(2,)))
-    with pytest.raises(SGLangError, match=rf"{plain.url} is not running speculative decoding: its "
-                                          rf"reply to sample tales/\d \(\d tokens\) has no "
-                                          rf"meta_info.spec_verify_ct"):
+    with pytest.raises(
+        SGLangError,
+        match=rf"{plain.url} is not running speculative decoding: its "
+        rf"reply to sample tales/\d \(\d tokens\) has no "
+        rf"meta_info.spec_verify_ct",
+    ):
         acceptance(run)
 
 
-def test_launch_mode_starts_both_servers_in_turn(tmp_path, target, eval_file, drafter_dir,
-                                                 in_process):
+def test_launch_mode_starts_both_servers_in_turn(
+    tmp_path, target, eval_file, drafter_dir, in_process
+):
     port = free_port()
-    launch = {"module": "stages.engines.hf_server", "health_timeout_s": 60,
-              "server_args": {"port": port, "max_running_requests": 4},
-              "log_file": str(tmp_path / "server.log")}
+    launch = {
+        "module": "stages.engines.hf_server",
+        "health_timeout_s": 60,
+        "server_args": {"port": port, "max_running_requests": 4},
+        "log_file": str(tmp_path / "server.log"),
+    }
     report = run_stage(tmp_path, target, eval_file, drafter_dir, launch=launch)
-    commands = expected_commands(drafter_dir, "stages.engines.hf_server", (
-        "--host", "127.0.0.1", "--port", str(port), "--tp-size", "1", "--dp-size", "1",
-        "--max-running-requests", "4", "--kv-cache-dtype", "auto", "--enable-metrics"))
+    commands = expected_commands(
+        drafter_dir,
+        "stages.engines.hf_server",
+        (
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--tp-size",
+            "1",
+            "--dp-size",
+            "1",
+            "--max-running-requests",
+            "4",
+            "--kv-cache-dtype",
+            "auto",
+            "--enable-metrics",
+        ),
+    )
     for role in ("spec", "base"):
         served = report["servers"][role]
-        assert (served["command"], served["url"], served["launched"]) == \
-            (commands[role], f"http://127.0.0.1:{port}", True)
+        assert (served["command"], served["url"], served["launched"]) == (
+            commands[role],
+            f"http://127.0.0.1:{port}",
+            True,
+        )
     assert report["servers"]["spec"]["speculative_draft_model_path"] == str(drafter_dir)
     assert not is_healthy(f"http://127.0.0.1:{port}")  # both stopped
     greedy = report["temperatures"]["0.0"]
@@ -241,19 +359,29 @@ def test_launch_mode_starts_both_servers_in_turn(tmp_path, target, eval_file, dr
 def test_a_request_the_server_refuses_fails_the_measurement(servers):
     spec, _ = servers
     too_long = [("tales/0", [5] * 500)]  # 500 + 40 new tokens: over stories260K's 512
-    with pytest.raises(SGLangError, match=r"sample tales/0 was aborted \(.*HTTP 400: Requested "
-                                          r"token count exceeds"):
+    with pytest.raises(
+        SGLangError,
+        match=r"sample tales/0 was aborted \(.*HTTP 400: Requested "
+        r"token count exceeds",
+    ):
         measure(client(spec.url), too_long, Sampling(max_new_tokens=MAX_NEW_TOKENS))
 
 
-@pytest.mark.parametrize("sglang, message", [
-    ({}, "mode sglang needs spec_url and base_url"),
-    ({"spec_url": "http://s"}, "mode sglang needs spec_url and base_url"),
-    ({"spec_url": "http://s", "base_url": "http://b", "launch": SGLangLaunchParams()},
-     "give either launch or spec_url and base_url, not both"),
-    ({"launch": SGLangLaunchParams(extra_args=["--speculative-algorithm", "EAGLE"])},
-     r"launch.extra_args: drop the --speculative-\* flags"),
-])
+@pytest.mark.parametrize(
+    "sglang, message",
+    [
+        ({}, "mode sglang needs spec_url and base_url"),
+        ({"spec_url": "http://s"}, "mode sglang needs spec_url and base_url"),
+        (
+            {"spec_url": "http://s", "base_url": "http://b", "launch": SGLangLaunchParams()},
+            "give either launch or spec_url and base_url, not both",
+        ),
+        (
+            {"launch": SGLangLaunchParams(extra_args=["--speculative-algorithm", "EAGLE"])},
+            r"launch.extra_args: drop the --speculative-\* flags",
+        ),
+    ],
+)
 def test_server_params_are_checked_before_anything_runs(target, drafter_dir, sglang, message):
     b = BenchmarkParams(mode="sglang", sglang=BenchmarkSGLangParams(**sglang))
     with pytest.raises(StageError, match=message):
@@ -266,11 +394,15 @@ def reply(sample_id: str, **meta) -> Reply:
 
 
 def test_acceptance_pools_sglang_counts_and_histograms():
-    run = ServerRun("http://s", [
-        reply("a", completion_tokens=9, spec_verify_ct=4, spec_accept_histogram=[1, 2, 1, 0]),
-        reply("b", completion_tokens=1),  # stopped at the prefill's token: no verify step
-        reply("c", completion_tokens=5, spec_verify_ct=2, spec_accept_histogram=[0, 1, 0, 1])],
-        wall_s=2.0)
+    run = ServerRun(
+        "http://s",
+        [
+            reply("a", completion_tokens=9, spec_verify_ct=4, spec_accept_histogram=[1, 2, 1, 0]),
+            reply("b", completion_tokens=1),  # stopped at the prefill's token: no verify step
+            reply("c", completion_tokens=5, spec_verify_ct=2, spec_accept_histogram=[0, 1, 0, 1]),
+        ],
+        wall_s=2.0,
+    )
     acc = acceptance(run)
     assert (acc.requests, acc.completion_tokens, acc.verify_steps) == (3, 15, 6)
     assert (acc.tau, acc.tau_excluding_prefill) == (15 / 6, 12 / 6)
@@ -282,32 +414,68 @@ def test_acceptance_pools_sglang_counts_and_histograms():
     assert acceptance(older).per_position(3) is None  # no histogram: no per-position figures
 
 
-@pytest.mark.parametrize("facts, message", [
-    ({"speculative_algorithm": "EAGLE", "speculative_num_steps": 3},
-     r"serves \{'speculative_algorithm': 'EAGLE'\}.*EAGLE instead of EAGLE3"),
-    ({"speculative_algorithm": "EAGLE3", "speculative_num_steps": 5,
-      "speculative_num_draft_tokens": 6},
-     r"serves \{'speculative_num_steps': 5, 'speculative_num_draft_tokens': 6\}"),
-    ({"speculative_algorithm": "EAGLE3", "speculative_eagle_topk": 4},
-     r"serves \{'speculative_eagle_topk': 4\}"),
-])
+@pytest.mark.parametrize(
+    "facts, message",
+    [
+        (
+            {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3},
+            r"serves \{'speculative_algorithm': 'EAGLE'\}.*EAGLE instead of EAGLE3",
+        ),
+        (
+            {
+                "speculative_algorithm": "EAGLE3",
+                "speculative_num_steps": 5,
+                "speculative_num_draft_tokens": 6,
+            },
+            r"serves \{'speculative_num_steps': 5, 'speculative_num_draft_tokens': 6\}",
+        ),
+        (
+            {"speculative_algorithm": "EAGLE3", "speculative_eagle_topk": 4},
+            r"serves \{'speculative_eagle_topk': 4\}",
+        ),
+    ],
+)
 def test_a_speculative_server_with_other_settings_is_refused(facts, message):
     with pytest.raises(SGLangError, match=message):
         check_speculative_server(facts, "http://s", num_steps=3)
     check_speculative_server({"version": "0.5.23"}, "http://s", 3)  # silent: replies will tell
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "d"],
-     "only EAGLE3 is served here"),
-    (["--speculative-algorithm", "EAGLE3"], "needs --speculative-draft-model-path"),
-    (["--speculative-draft-model-path", "d"], "needs --speculative-algorithm EAGLE3"),
-    (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d",
-      "--speculative-eagle-topk", "4"], "only chains (topk 1)"),
-    (["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "d",
-      "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8"],
-     "a chain of 3 steps verifies 4 tokens"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "d"],
+            "only EAGLE3 is served here",
+        ),
+        (["--speculative-algorithm", "EAGLE3"], "needs --speculative-draft-model-path"),
+        (["--speculative-draft-model-path", "d"], "needs --speculative-algorithm EAGLE3"),
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--speculative-draft-model-path",
+                "d",
+                "--speculative-eagle-topk",
+                "4",
+            ],
+            "only chains (topk 1)",
+        ),
+        (
+            [
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--speculative-draft-model-path",
+                "d",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-num-draft-tokens",
+                "8",
+            ],
+            "a chain of 3 steps verifies 4 tokens",
+        ),
+    ],
+)
 def test_hf_server_refuses_speculative_flags_it_would_misrun(flags, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         hf_server.main(["--model-path", str(STORIES), "--port", str(free_port()), *flags])

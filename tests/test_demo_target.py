@@ -13,14 +13,31 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from stages.demo import build_target, corpus
-from stages.demo.build_target import (SPECIAL_TOKENS, BuildConfig, build, describe_reply, encode,
-                                      greedy_replies)
+from stages.demo.build_target import (
+    SPECIAL_TOKENS,
+    BuildConfig,
+    build,
+    describe_reply,
+    encode,
+    greedy_replies,
+)
 from stages.demo.write_prompts import write_prompts
 
 COMMITTED_TARGET = Path(__file__).resolve().parents[1] / "data" / "demo" / "target"
-TINY = BuildConfig(steps=3, conversations=80, vocab_size=600, hidden_size=32,
-                   intermediate_size=64, layers=2, heads=4, kv_heads=2, batch_tokens=2048,
-                   warmup_steps=1, demo_prompts=2, max_new_tokens=4)
+TINY = BuildConfig(
+    steps=3,
+    conversations=80,
+    vocab_size=600,
+    hidden_size=32,
+    intermediate_size=64,
+    layers=2,
+    heads=4,
+    kv_heads=2,
+    batch_tokens=2048,
+    warmup_steps=1,
+    demo_prompts=2,
+    max_new_tokens=4,
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +55,18 @@ def tokenizer(tiny_target):
 
 # --- builder ----------------------------------------------------------------------------------
 
+
 def test_build_writes_a_standard_directory_atomically(tiny_target):
     out, info = tiny_target
     names = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json", "build_info.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "build_info.json",
+    } <= names
     assert "stale.txt" not in names
     assert [p.name for p in out.parent.iterdir()] == ["target"]  # no staging left behind
     assert "chat_template" in json.loads((out / "tokenizer_config.json").read_text())
@@ -53,8 +77,7 @@ def test_build_writes_a_standard_directory_atomically(tiny_target):
     assert set(saved["demo"]["mean_reply_tokens"]) == {"function_calling", "code", "chat"}
 
 
-def test_failed_build_keeps_the_previous_target_and_leaves_nothing_behind(tmp_path,
-                                                                         monkeypatch):
+def test_failed_build_keeps_the_previous_target_and_leaves_nothing_behind(tmp_path, monkeypatch):
     out = tmp_path / "target"
     out.mkdir()
     (out / "config.json").write_text("{}")
@@ -74,8 +97,12 @@ def test_failed_build_keeps_the_previous_target_and_leaves_nothing_behind(tmp_pa
 def test_model_loads_back_with_the_requested_shape(tiny_target, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_target[0])
     config = model.config
-    assert (config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
-            config.num_key_value_heads) == (2, 32, 4, 2)
+    assert (
+        config.num_hidden_layers,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+    ) == (2, 32, 4, 2)
     assert config.vocab_size == len(tokenizer)
     assert config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert model.generation_config.eos_token_id == config.eos_token_id
@@ -86,10 +113,15 @@ def test_special_tokens_are_single_ids_with_kimi_roles(tokenizer):
     for token in SPECIAL_TOKENS:
         ids = tokenizer.encode(token, add_special_tokens=False)
         assert len(ids) == 1 and tokenizer.convert_ids_to_tokens(ids) == [token]
-    assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token,
-            tokenizer.unk_token) == ("<|im_end|>", "[PAD]", "[BOS]", "[UNK]")
+    assert (tokenizer.eos_token, tokenizer.pad_token, tokenizer.bos_token, tokenizer.unk_token) == (
+        "<|im_end|>",
+        "[PAD]",
+        "[BOS]",
+        "[UNK]",
+    )
     assert tokenizer.encode("hello", add_special_tokens=True) == tokenizer.encode(
-        "hello", add_special_tokens=False)  # no BOS added automatically
+        "hello", add_special_tokens=False
+    )  # no BOS added automatically
 
 
 def test_byte_level_tokenizer_round_trips_any_text(tokenizer):
@@ -99,8 +131,16 @@ def test_byte_level_tokenizer_round_trips_any_text(tokenizer):
 
 # --- chat template ----------------------------------------------------------------------------
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
-                                           "parameters": {"type": "object"}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather",
+            "parameters": {"type": "object"},
+        },
+    }
+]
 
 
 def render(tokenizer, messages, **kwargs) -> str:
@@ -108,27 +148,45 @@ def render(tokenizer, messages, **kwargs) -> str:
 
 
 def test_template_declares_tools_then_system_user_and_opens_reasoning(tokenizer):
-    text = render(tokenizer, [{"role": "system", "content": "Be brief."},
-                              {"role": "user", "content": "Weather in Oslo?"}],
-                  tools=TOOLS, add_generation_prompt=True)
+    text = render(
+        tokenizer,
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather in Oslo?"},
+        ],
+        tools=TOOLS,
+        add_generation_prompt=True,
+    )
     assert text == (
         '<|im_system|>tool_declare<|im_middle|>[{"type": "function", "function": {"name": '
         '"get_weather", "description": "Weather", "parameters": {"type": "object"}}}]<|im_end|>'
         "<|im_system|>system<|im_middle|>Be brief.<|im_end|>"
         "<|im_user|>user<|im_middle|>Weather in Oslo?<|im_end|>"
-        "<|im_assistant|>assistant<|im_middle|><think>")
+        "<|im_assistant|>assistant<|im_middle|><think>"
+    )
 
 
 def test_template_renders_tool_calls_and_tool_results(tokenizer):
-    call = {"id": "functions.get_weather:0", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
-    text = render(tokenizer, [
-        {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "reasoning_content": "Call it.", "content": "",
-         "tool_calls": [call, call]},
-        {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"t": 3}'},
-        {"role": "tool", "name": "get_weather", "content": '{"t": 4}'},
-    ], add_generation_prompt=True)
+    call = {
+        "id": "functions.get_weather:0",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+    }
+    text = render(
+        tokenizer,
+        [
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "reasoning_content": "Call it.",
+                "content": "",
+                "tool_calls": [call, call],
+            },
+            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": '{"t": 3}'},
+            {"role": "tool", "name": "get_weather", "content": '{"t": 4}'},
+        ],
+        add_generation_prompt=True,
+    )
     assert text == (
         "<|im_user|>user<|im_middle|>Weather?<|im_end|>"
         "<|im_assistant|>assistant<|im_middle|><think>Call it.</think>"
@@ -140,21 +198,28 @@ def test_template_renders_tool_calls_and_tool_results(tokenizer):
         "<|tool_calls_section_end|><|im_end|>"
         '<|im_system|>tool<|im_middle|>## Return of functions.get_weather:0\n{"t": 3}<|im_end|>'
         '<|im_system|>tool<|im_middle|>## Return of get_weather\n{"t": 4}<|im_end|>'
-        "<|im_assistant|>assistant<|im_middle|><think>")
+        "<|im_assistant|>assistant<|im_middle|><think>"
+    )
 
 
 def test_template_multi_turn_and_thinking_off(tokenizer):
-    messages = [{"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello!"},
-                {"role": "user", "content": "Bye"}]
-    history = ("<|im_user|>user<|im_middle|>Hi<|im_end|>"
-               "<|im_assistant|>assistant<|im_middle|><think></think>Hello!<|im_end|>"
-               "<|im_user|>user<|im_middle|>Bye<|im_end|>")
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+    ]
+    history = (
+        "<|im_user|>user<|im_middle|>Hi<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|><think></think>Hello!<|im_end|>"
+        "<|im_user|>user<|im_middle|>Bye<|im_end|>"
+    )
     assert render(tokenizer, messages) == history
     assert render(tokenizer, messages, add_generation_prompt=True, thinking=False) == (
-        history + "<|im_assistant|>assistant<|im_middle|><think></think>")
+        history + "<|im_assistant|>assistant<|im_middle|><think></think>"
+    )
     assert render(tokenizer, messages, add_generation_prompt=True, thinking=True).endswith(
-        "<|im_middle|><think>")
+        "<|im_middle|><think>"
+    )
 
 
 def test_template_rejects_unknown_roles(tokenizer):
@@ -166,36 +231,51 @@ def test_encode_matches_apply_chat_template_and_splits_at_the_reply(tokenizer):
     conversation = corpus.function_calling(random.Random(5), with_result=True)
     ids, prompt_len = encode(tokenizer, conversation)
     prompt_ids = tokenizer.apply_chat_template(
-        conversation.prompt, tools=conversation.tools, add_generation_prompt=True,
-        tokenize=True, return_dict=False)
+        conversation.prompt,
+        tools=conversation.tools,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
     assert ids[:prompt_len] == list(prompt_ids)
     assert tokenizer.convert_ids_to_tokens(ids[prompt_len - 1]) == "<think>"
     assert tokenizer.convert_ids_to_tokens(ids[-1]) == "<|im_end|>"
     assert tokenizer.decode(ids[prompt_len:]) == (
         f"{conversation.reply['reasoning_content']}</think>{conversation.reply['content']}"
-        "<|im_end|>")
+        "<|im_end|>"
+    )
 
 
 # --- measuring replies ------------------------------------------------------------------------
+
 
 def test_describe_reply_finds_reasoning_end_and_tool_calls(tokenizer):
     def ids(text):
         return tokenizer.encode(text, add_special_tokens=False)
 
-    good = describe_reply(tokenizer, ids(
-        "Plan.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
-        '<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|><|tool_calls_section_end|>'
-        "<|im_end|>"))
+    good = describe_reply(
+        tokenizer,
+        ids(
+            "Plan.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+            '<|tool_call_argument_begin|>{"a": 1}<|tool_call_end|><|tool_calls_section_end|>'
+            "<|im_end|>"
+        ),
+    )
     assert good["well_formed"] and good["tool_calls"] == [("f", {"a": 1})]
-    broken = describe_reply(tokenizer, ids(
-        "Plan.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
-        '<|tool_call_argument_begin|>{"a": <|tool_call_end|><|tool_calls_section_end|>'))
+    broken = describe_reply(
+        tokenizer,
+        ids(
+            "Plan.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+            '<|tool_call_argument_begin|>{"a": <|tool_call_end|><|tool_calls_section_end|>'
+        ),
+    )
     assert not broken["well_formed"] and not broken["ended"]
     assert broken["tool_calls"] == [("f", None)]
     assert not describe_reply(tokenizer, ids("never closes<|im_end|>"))["closed_reasoning"]
 
 
 # --- corpus -----------------------------------------------------------------------------------
+
 
 def test_corpus_is_deterministic_per_seed():
     first, again, other = (corpus.training_corpus(60, s) for s in (3, 3, 4))
@@ -248,6 +328,7 @@ def test_every_program_runs_and_prints_what_it_claims(task, capsys):
 
 # --- prompt files -----------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def prompt_files(tmp_path_factory) -> dict[str, Path]:
     return write_prompts(tmp_path_factory.mktemp("prompts"), per_source=12)
@@ -260,11 +341,13 @@ def _jsonl(path: Path) -> list[dict]:
 def test_glaive_rows_have_the_raw_v2_shape(prompt_files):
     rows = _jsonl(prompt_files["glaive_fc"])
     assert len(rows) == 12
-    header = ("SYSTEM: You are a helpful assistant with access to the following functions. "
-              "Use them if required -\n")
+    header = (
+        "SYSTEM: You are a helpful assistant with access to the following functions. "
+        "Use them if required -\n"
+    )
     for row in rows:
         assert set(row) == {"system", "chat"} and row["system"].startswith(header)
-        for definition in row["system"][len(header):].strip().split("\n\n"):
+        for definition in row["system"][len(header) :].strip().split("\n\n"):
             assert set(json.loads(definition)) == {"name", "description", "parameters"}
         assert row["chat"].startswith("USER: ")
         for call in re.findall(r"<functioncall> (.*?) <\|endoftext\|>", row["chat"]):
@@ -276,17 +359,32 @@ def test_glaive_rows_have_the_raw_v2_shape(prompt_files):
 
 def test_code_rows_have_the_published_columns_and_passing_tests(prompt_files):
     for row in _jsonl(prompt_files["opencodeinstruct"]):
-        assert list(row) == ["id", "input", "output", "domain", "generation_algorithm",
-                             "llm_judgement", "unit_tests", "tests_execution_status",
-                             "average_test_score"]
+        assert list(row) == [
+            "id",
+            "input",
+            "output",
+            "domain",
+            "generation_algorithm",
+            "llm_judgement",
+            "unit_tests",
+            "tests_execution_status",
+            "average_test_score",
+        ]
         assert all(isinstance(value, str) for value in row.values())
         scope: dict = {}
         exec(re.search(r"```python\n(.*?)```", row["output"], re.S).group(1), scope)
         for test in json.loads(row["unit_tests"]):
             exec(test, scope)
     for index, row in enumerate(_jsonl(prompt_files["magicoder"])):
-        assert list(row) == ["lang", "raw_index", "index", "seed", "openai_fingerprint",
-                             "problem", "solution"]
+        assert list(row) == [
+            "lang",
+            "raw_index",
+            "index",
+            "seed",
+            "openai_fingerprint",
+            "problem",
+            "solution",
+        ]
         assert row["index"] == index and isinstance(row["raw_index"], int)
         assert row["lang"] == "python"
         assert all(line.strip() in row["solution"] for line in row["seed"].splitlines())
@@ -306,20 +404,27 @@ def test_prompt_files_are_reproducible(prompt_files, tmp_path):
 
 def test_source_adapters_read_back_the_demo_prompts(prompt_files):
     sources = pytest.importorskip("stages.sources")
-    formats = {"glaive_fc": "glaive_raw", "opencodeinstruct": "opencodeinstruct",
-               "magicoder": "magicoder_oss", "sharegpt": "sharegpt"}
+    formats = {
+        "glaive_fc": "glaive_raw",
+        "opencodeinstruct": "opencodeinstruct",
+        "magicoder": "magicoder_oss",
+        "sharegpt": "sharegpt",
+    }
     demo = corpus.demo_conversations(12)
     for source, fmt in formats.items():
         read = list(sources.read_conversations(prompt_files[source], fmt))
         assert [sources.prompt_messages(c.messages) for c in read] == [
-            c.prompt for c in demo[source]]
+            c.prompt for c in demo[source]
+        ]
         assert [c.tools for c in read] == [c.tools for c in demo[source]]
 
 
 # --- the committed target ---------------------------------------------------------------------
 
-@pytest.mark.skipif(not (COMMITTED_TARGET / "model.safetensors").exists(),
-                    reason="data/demo/target is not built")
+
+@pytest.mark.skipif(
+    not (COMMITTED_TARGET / "model.safetensors").exists(), reason="data/demo/target is not built"
+)
 def test_committed_target_reasons_then_answers_or_calls_a_tool():
     tokenizer = AutoTokenizer.from_pretrained(COMMITTED_TARGET)
     model = AutoModelForCausalLM.from_pretrained(COMMITTED_TARGET, dtype=torch.float32)

@@ -1,6 +1,7 @@
 """extract and train under torchrun (2 CPU processes, gloo) against their 1-process runs, on the
 real stories260K target: the same shards bit for bit, the same loss curve, one writer for every
 shared file, a 2-process checkpoint resumed by 1 process, and the NCCL settings in place."""
+
 from __future__ import annotations
 
 import csv
@@ -43,10 +44,18 @@ def write_merged(out: Path, n_train: int = 8, n_eval: int = 3) -> Path:
         for i in range(n):
             length = 20 + 5 * i
             ids = [1] + torch.randint(3, VOCAB, (length - 1,), generator=g).tolist()
-            starts = range(6 + (i % 3), length, 12)[:1 + i % 3]
-            rows.append(dict(sample_id=f"{split}/{i}", dataset="d", input_ids=ids,
-                             loss_spans=[[s, min(s + 8, length)] for s in starts],
-                             length=length, truncated=False, split=split))
+            starts = range(6 + (i % 3), length, 12)[: 1 + i % 3]
+            rows.append(
+                dict(
+                    sample_id=f"{split}/{i}",
+                    dataset="d",
+                    input_ids=ids,
+                    loss_spans=[[s, min(s + 8, length)] for s in starts],
+                    length=length,
+                    truncated=False,
+                    split=split,
+                )
+            )
         pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
     return out
 
@@ -54,11 +63,24 @@ def write_merged(out: Path, n_train: int = 8, n_eval: int = 3) -> Path:
 def write_params(path: Path) -> Path:
     params = {
         "target": {"path": str(STORIES), "device": "cpu"},
-        "extract": {"layers": [1, 2, 3], "shard_tokens": 120, "batch_tokens": 200,
-                    "dtype": "float32"},
-        "train": {"ttt_steps": 3, "max_steps": 6, "batch_size": 4, "lr": 1e-2,
-                  "min_lr_ratio": 0.1, "warmup_ratio": 0.3, "eval_every": 2,
-                  "eval_max_samples": 8, "checkpoint_every": 3, "device": "cpu"},
+        "extract": {
+            "layers": [1, 2, 3],
+            "shard_tokens": 120,
+            "batch_tokens": 200,
+            "dtype": "float32",
+        },
+        "train": {
+            "ttt_steps": 3,
+            "max_steps": 6,
+            "batch_size": 4,
+            "lr": 1e-2,
+            "min_lr_ratio": 0.1,
+            "warmup_ratio": 0.3,
+            "eval_every": 2,
+            "eval_max_samples": 8,
+            "checkpoint_every": 3,
+            "device": "cpu",
+        },
     }
     path.write_text(yaml.safe_dump(params))
     return path
@@ -89,10 +111,15 @@ def stage(module: str, args: list, tmp: Path, world: int = 1) -> tuple[str, Path
         record = tmp / f"record-{module}-{world}"
         record.mkdir()
         env.update(RECORD_DIR=str(record), RECORD_ROOT=str(tmp))
-        cmd = [str(Path(sys.executable).parent / "torchrun"), "--standalone",
-               "--nproc-per-node", str(world), str(RECORDER), module]
-    proc = subprocess.run([*cmd, *map(str, args)], cwd=tmp, env=env, capture_output=True,
-                          text=True)
+        cmd = [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            str(world),
+            str(RECORDER),
+            module,
+        ]
+    proc = subprocess.run([*cmd, *map(str, args)], cwd=tmp, env=env, capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     return output, record
@@ -101,8 +128,9 @@ def stage(module: str, args: list, tmp: Path, world: int = 1) -> tuple[str, Path
 def writes(record: Path, rank: int) -> list[Path]:
     """Files rank `rank` put in place, in order (empty if it wrote none)."""
     log = record / f"writes-{rank}.tsv"
-    return [Path(line.split("\t")[1]) for line in log.read_text().splitlines()] \
-        if log.exists() else []
+    return (
+        [Path(line.split("\t")[1]) for line in log.read_text().splitlines()] if log.exists() else []
+    )
 
 
 @pytest.fixture(scope="module")
@@ -114,9 +142,21 @@ def runs(tmp_path_factory) -> dict:
     write_vocab(tmp / "vocab" / "d2t_t2d.safetensors")
     out = {"tmp": tmp}
     for world in (1, WORLD):
-        out[f"extract-{world}"] = stage("stages.extract", [
-            "--params", params, "--merged", merged, "--out", tmp / f"hidden-{world}",
-            "--report", tmp / f"reports-{world}" / "extract.json"], tmp, world)
+        out[f"extract-{world}"] = stage(
+            "stages.extract",
+            [
+                "--params",
+                params,
+                "--merged",
+                merged,
+                "--out",
+                tmp / f"hidden-{world}",
+                "--report",
+                tmp / f"reports-{world}" / "extract.json",
+            ],
+            tmp,
+            world,
+        )
     for world in (1, WORLD):
         out[f"train-{world}"] = stage("stages.train", train_args(tmp, str(world)), tmp, world)
     return out
@@ -124,10 +164,22 @@ def runs(tmp_path_factory) -> dict:
 
 def train_args(tmp: Path, run: str) -> list:
     """Arguments of a train run on the 1-process features, its outputs named by `run`."""
-    return ["--params", tmp / "params.yaml", "--hidden-dir", tmp / "hidden-1",
-            "--vocab-file", tmp / "vocab" / "d2t_t2d.safetensors",
-            "--checkpoint-dir", tmp / f"checkpoints-{run}", "--out-dir", tmp / f"drafter-{run}",
-            "--report", tmp / f"reports-{run}" / "train.json", "--plots", tmp / f"reports-{run}" / "plots"]
+    return [
+        "--params",
+        tmp / "params.yaml",
+        "--hidden-dir",
+        tmp / "hidden-1",
+        "--vocab-file",
+        tmp / "vocab" / "d2t_t2d.safetensors",
+        "--checkpoint-dir",
+        tmp / f"checkpoints-{run}",
+        "--out-dir",
+        tmp / f"drafter-{run}",
+        "--report",
+        tmp / f"reports-{run}" / "train.json",
+        "--plots",
+        tmp / f"reports-{run}" / "plots",
+    ]
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -147,13 +199,16 @@ def test_extract_under_torchrun_equals_one_process(runs):
         for key in a:
             assert torch.equal(a[key], b[key]), f"{name}:{key}"
     assert pq.read_table(one / "index.parquet").equals(pq.read_table(many / "index.parquet"))
-    assert json.loads((one / "meta.json").read_text()) == \
-        json.loads((many / "meta.json").read_text())
+    assert json.loads((one / "meta.json").read_text()) == json.loads(
+        (many / "meta.json").read_text()
+    )
     _, record = runs[f"extract-{WORLD}"]
     for rank in range(WORLD):
         written = [p.name for p in writes(record, rank) if p.parent == many]
-        assert sorted(written) == sorted([s for k, s in enumerate(shards) if k % WORLD == rank] +
-                                         (["index.parquet", "meta.json"] if rank == 0 else []))
+        assert sorted(written) == sorted(
+            [s for k, s in enumerate(shards) if k % WORLD == rank]
+            + (["index.parquet", "meta.json"] if rank == 0 else [])
+        )
 
 
 def plot(report_dir: Path, name: str) -> list[dict]:
@@ -182,8 +237,9 @@ def test_train_under_torchrun_matches_one_process(runs):
     losses = plot(tmp / "reports-1", "train_loss")
     assert len(losses) == 6 and losses[-1]["loss"] < losses[0]["loss"] - 1  # it learns
     assert_same_curves(tmp / "reports-1", tmp / f"reports-{WORLD}")
-    one, many = (json.loads((tmp / f"reports-{run}" / "train.json").read_text())
-                 for run in (1, WORLD))
+    one, many = (
+        json.loads((tmp / f"reports-{run}" / "train.json").read_text()) for run in (1, WORLD)
+    )
     assert (one.pop("world_size"), many.pop("world_size")) == (1, WORLD)
     assert one.pop("tokens_per_s") > 0 and many.pop("tokens_per_s") > 0
     assert many == pytest.approx(one, rel=1e-4)

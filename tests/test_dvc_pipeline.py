@@ -1,5 +1,6 @@
 """The DVC behaviours users rely on, shown with real `dvc repro` on a temporary copy of the
 project, up to merge and the quality gate, with a small budget of prompts."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,9 @@ def repo(tmp_path_factory, demo_target):
 def test_repro_noop_budget_change_and_metrics_diff(repo):
     first = sh(["dvc", "repro", "merge", "quality"], repo)
     names = yaml.safe_load((repo / "params.yaml").read_text())["datasets"]
-    assert ran_stages(first.stdout) == ({f"prep@{n}" for n in names}
-                                        | {f"generate@{n}" for n in names} | {"merge", "quality"})
+    assert ran_stages(first.stdout) == (
+        {f"prep@{n}" for n in names} | {f"generate@{n}" for n in names} | {"merge", "quality"}
+    )
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "first run"], repo)
 

@@ -1,6 +1,7 @@
 """Extraction (hooks equal HF hidden states, shard resume) and the training loop (exact resume,
 best checkpoint by replayed acceptance, evaluation over every span), on the real stories260K
 target."""
+
 import dataclasses
 
 import pyarrow as pa
@@ -15,9 +16,9 @@ from stages.artifacts.hidden import HiddenStates
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import LoopSettings, Objective, autocast_for, evaluate, train
 from stages.drafter.vocab import build_draft_vocab
+from stages.extract import extract
 from stages.target.model import load_causal_lm
 from stages.target.weights import embedding_and_head
-from stages.extract import extract
 from tests.conftest import STORIES
 
 TARGET = config.TargetParams(path=str(STORIES))
@@ -34,8 +35,17 @@ def merged(tmp_path, n_train=10, n_eval=3):
             length = 20 + 3 * i
             ids = [1] + torch.randint(3, 512, (length - 1,), generator=g).tolist()
             spans = [[6, 12], [15, length]]  # two turns, the template's ids between them
-            rows.append(dict(sample_id=f"{split}/{i}", dataset="d", input_ids=ids,
-                             loss_spans=spans, length=length, truncated=False, split=split))
+            rows.append(
+                dict(
+                    sample_id=f"{split}/{i}",
+                    dataset="d",
+                    input_ids=ids,
+                    loss_spans=spans,
+                    length=length,
+                    truncated=False,
+                    split=split,
+                )
+            )
         pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
     return out
 
@@ -44,8 +54,9 @@ def merged(tmp_path, n_train=10, n_eval=3):
 def hidden(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("x")
     m = merged(tmp)
-    params = config.ExtractParams(layers=LAYERS, shard_tokens=120, batch_tokens=200,
-                                  dtype="float32")
+    params = config.ExtractParams(
+        layers=LAYERS, shard_tokens=120, batch_tokens=200, dtype="float32"
+    )
     extract(m, tmp / "hidden", params, TARGET)
     return m, tmp / "hidden", params
 
@@ -64,8 +75,9 @@ def test_features_equal_hf_hidden_states(hidden):
     torch.testing.assert_close(sample["aux"], expect_aux, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(sample["last"], ref.hidden_states[-1][0], atol=1e-4, rtol=1e-4)
     assert sample["input_ids"].tolist() == row["input_ids"]
-    assert sample["loss_mask"].tolist() == ([0] * 6 + [1] * 6 + [0] * 3
-                                            + [1] * (row["length"] - 15))
+    assert sample["loss_mask"].tolist() == (
+        [0] * 6 + [1] * 6 + [0] * 3 + [1] * (row["length"] - 15)
+    )
 
 
 def test_extract_resumes_shard_by_shard(hidden, tmp_path):
@@ -82,8 +94,9 @@ def test_extract_resumes_shard_by_shard(hidden, tmp_path):
 
 def objective(h):
     target_cfg = AutoConfig.from_pretrained(STORIES)
-    counts = torch.bincount(torch.randint(0, 512, (4000,), generator=torch.Generator()
-                                          .manual_seed(1)), minlength=512)
+    counts = torch.bincount(
+        torch.randint(0, 512, (4000,), generator=torch.Generator().manual_seed(1)), minlength=512
+    )
     d2t, t2d, _ = build_draft_vocab(counts, 256)
     torch.manual_seed(0)
     drafter = Eagle3Drafter(Eagle3Config.from_target(target_cfg, 256, LAYERS))
@@ -93,10 +106,22 @@ def objective(h):
 
 
 def settings(total):
-    return LoopSettings(ttt_steps=3, decay=0.8, total_steps=total, batch_size=4, lr=1e-2,
-                        min_lr_ratio=0.1, warmup_steps=2, weight_decay=0.0, grad_clip=0.5,
-                        eval_every=2, eval_num_steps=3, eval_max_samples=8, checkpoint_every=3,
-                        seed=0)
+    return LoopSettings(
+        ttt_steps=3,
+        decay=0.8,
+        total_steps=total,
+        batch_size=4,
+        lr=1e-2,
+        min_lr_ratio=0.1,
+        warmup_steps=2,
+        weight_decay=0.0,
+        grad_clip=0.5,
+        eval_every=2,
+        eval_num_steps=3,
+        eval_max_samples=8,
+        checkpoint_every=3,
+        seed=0,
+    )
 
 
 class KilledAfter:
@@ -120,31 +145,43 @@ def test_training_resumes_exactly(hidden, tmp_path):
     train_set, eval_set = HiddenStates(h, "train"), HiddenStates(h, "eval")
     cpu = torch.device("cpu")
     straight = objective(h)
-    history = train(straight, train_set, eval_set, settings(6), tmp_path / "a", cpu,
-                    log=lambda _: None)
+    history = train(
+        straight, train_set, eval_set, settings(6), tmp_path / "a", cpu, log=lambda _: None
+    )
     assert [e["step"] for e in history.evals] == [2, 4, 6]
     with pytest.raises(KeyboardInterrupt):  # killed in step 4, after the step-3 checkpoint
-        train(objective(h), KilledAfter(train_set, 3, 4), eval_set, settings(6), tmp_path / "b",
-              cpu, log=lambda _: None)
+        train(
+            objective(h),
+            KilledAfter(train_set, 3, 4),
+            eval_set,
+            settings(6),
+            tmp_path / "b",
+            cpu,
+            log=lambda _: None,
+        )
     assert torch.load(tmp_path / "b" / "last.pt", weights_only=True)["state"]["step"] == 3
     resumed = objective(h)
     train(resumed, train_set, eval_set, settings(6), tmp_path / "b", cpu, log=lambda _: None)
-    for (name, a), (_, b) in zip(straight.drafter.state_dict().items(),
-                                 resumed.drafter.state_dict().items()):
+    for (name, a), (_, b) in zip(
+        straight.drafter.state_dict().items(), resumed.drafter.state_dict().items()
+    ):
         torch.testing.assert_close(a, b, msg=name)
     best = torch.load(tmp_path / "a" / "best.pt", weights_only=True)
     assert best["tau"] == pytest.approx(max(e["replayed_tau"] for e in history.evals), abs=1e-4)
-    assert all(1 <= e["replayed_tau"] <= 4 for e in history.evals)   # chain of 3 drafts
+    assert all(1 <= e["replayed_tau"] <= 4 for e in history.evals)  # chain of 3 drafts
 
 
 def test_evaluation_replays_every_turn_and_adds_up_over_batches(hidden):
     _, h, _ = hidden
     eval_set, cpu = HiddenStates(h, "eval"), torch.device("cpu")
     scored = objective(h)
-    together, alone = (evaluate(scored, eval_set, dataclasses.replace(settings(2), batch_size=b),
-                                cpu, autocast_for(cpu)) for b in (4, 1))
+    together, alone = (
+        evaluate(
+            scored, eval_set, dataclasses.replace(settings(2), batch_size=b), cpu, autocast_for(cpu)
+        )
+        for b in (4, 1)
+    )
     # Per sample (lengths 20, 23, 26): turn [6, 12) gives tokens 7-11 by rounds (6 comes from the
     # prefill), turn [15, length) tokens 16 to the end.
     assert together.replay_tokens.tolist() == [5 * 3 + 4 + 7 + 10] * 3
     assert torch.equal(together.replay_rounds, alone.replay_rounds)
-

@@ -4,17 +4,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stages import config
+from stages import config, generate
+from stages.artifacts.raw import parts, read_raw
 from stages.engines import Sampling
 from stages.engines.hf import HFEngine
-from stages.target.model import load_causal_lm
-from stages import generate
 from stages.generate import generate_dataset
-from stages.artifacts.raw import parts, read_raw
+from stages.target.model import load_causal_lm
 from tests.conftest import STORIES
 
-TARGET = config.TargetParams(path=str(STORIES),
-                             chat_template="tests/fixtures/stories_chat_template.jinja")
+TARGET = config.TargetParams(
+    path=str(STORIES), chat_template="tests/fixtures/stories_chat_template.jinja"
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,18 @@ def engine():
 
 @pytest.fixture
 def prompts(tmp_path):
-    rows = [dict(sample_id=f"d/{i}", dataset="d", messages=json.dumps([{"role": "user",
-                 "content": f"story {i}"}]), tools=None, prompt_ids=[1, 300 + i, 400 + i],
-                 prompt_len=3, reasoning_open=False) for i in range(8)]
+    rows = [
+        dict(
+            sample_id=f"d/{i}",
+            dataset="d",
+            messages=json.dumps([{"role": "user", "content": f"story {i}"}]),
+            tools=None,
+            prompt_ids=[1, 300 + i, 400 + i],
+            prompt_len=3,
+            reasoning_open=False,
+        )
+        for i in range(8)
+    ]
     path = tmp_path / "prompts.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
@@ -110,8 +119,10 @@ def test_nothing_left_to_generate_starts_no_engine(tmp_path, prompts, engine, mo
         raise AssertionError("an engine was built with nothing left to generate")
 
     monkeypatch.setattr(generate, "make_engine", no_engine)
-    sglang = gen_params(engine="sglang", sglang=config.SGLangParams(
-        launch=config.SGLangLaunchParams(module="sglang.launch_server")))
+    sglang = gen_params(
+        engine="sglang",
+        sglang=config.SGLangParams(launch=config.SGLangLaunchParams(module="sglang.launch_server")),
+    )
     again = generate_dataset("d", prompts, out, sglang, budget, TARGET)
     assert again["new_samples"] == 0 and again["engine"] == "sglang"
     if budget == 30:  # samples are left: a raised budget does build one (the patch is live)

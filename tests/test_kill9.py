@@ -7,6 +7,7 @@ raw part, shard or checkpoint (tests/stop_in_write.py freezes the process there)
 the most behind: the complete files before it and a temp file named after the dead process, which
 the rerun must remove (DVC would hash it into the output) while a running writer's stays.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,17 @@ import pytest
 import torch
 import yaml
 
-from stages.runtime.io import remove_stale_temps, temp_path
 from stages.artifacts.raw import parts, read_raw
+from stages.runtime.io import remove_stale_temps, temp_path
 from tests.conftest import ROOT
-from tests.test_distributed import (stage, stage_env, train_args, write_merged, write_params,
-                                    write_vocab)
+from tests.test_distributed import (
+    stage,
+    stage_env,
+    train_args,
+    write_merged,
+    write_params,
+    write_vocab,
+)
 from tests.test_generate import outputs, prompts  # noqa: F401 (prompts: a fixture)
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,9 +49,13 @@ def kill_in_write(module: str, args: list, cwd: Path, pattern: Path, k: int) -> 
     (tests/stop_in_write.py freezes it there); its pid. Fails if the stage ended first."""
     log = cwd / f"{module}-killed.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, str(STOPPER), module, *map(str, args)], cwd=cwd,
-                                env=dict(stage_env(), STOP_AT=str(pattern), STOP_COUNT=str(k)),
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, str(STOPPER), module, *map(str, args)],
+            cwd=cwd,
+            env=dict(stage_env(), STOP_AT=str(pattern), STOP_COUNT=str(k)),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     while proc.poll() is None and not frozen(proc.pid):
         time.sleep(POLL_S)
     proc.send_signal(signal.SIGKILL)
@@ -92,7 +103,8 @@ def test_remove_stale_temps_keeps_a_running_writers(tmp_path):
     (dead_dir / "model.safetensors").write_bytes(b"x")
     assert sorted(remove_stale_temps(tmp_path)) == sorted([dead_file, dead_dir])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [live.name, "c.parquet", ".gitignore"])
+        [live.name, "c.parquet", ".gitignore"]
+    )
     assert remove_stale_temps(tmp_path / "missing") == []
 
 
@@ -114,8 +126,17 @@ def work(tmp_path_factory) -> Path:
 
 
 def generate_args(tmp: Path, run: str) -> list:
-    return ["d", "--params", tmp / "params.yaml", "--prompts", tmp / "prompts" / "d.parquet",
-            "--out", tmp / f"raw-{run}" / "d", "--report", tmp / f"reports-{run}" / "d.json"]
+    return [
+        "d",
+        "--params",
+        tmp / "params.yaml",
+        "--prompts",
+        tmp / "prompts" / "d.parquet",
+        "--out",
+        tmp / f"raw-{run}" / "d",
+        "--report",
+        tmp / f"reports-{run}" / "d.json",
+    ]
 
 
 def test_generate_killed_then_rerun(work, prompts):  # noqa: F811
@@ -124,8 +145,9 @@ def test_generate_killed_then_rerun(work, prompts):  # noqa: F811
     stage("stages.generate", generate_args(work, "ref"), work)
     out = work / "raw-killed" / "d"
     k = random.Random(f"{SEED}-generate").randint(2, 9)  # 8 parts, one a reply; 9: compaction
-    pid = kill_in_write("stages.generate", generate_args(work, "killed"), work,
-                        out / "part-*.parquet", k)
+    pid = kill_in_write(
+        "stages.generate", generate_args(work, "killed"), work, out / "part-*.parquet", k
+    )
     assert_kill_left(out, "part-*.parquet", k - 1, pid)
     assert len(read_raw(out)) == k - 1
     live = running_writers_temp(out)
@@ -140,16 +162,25 @@ def test_generate_killed_then_rerun(work, prompts):  # noqa: F811
 
 
 def extract_args(tmp: Path, out: str) -> list:
-    return ["--params", tmp / "params.yaml", "--merged", tmp / "merged",
-            "--out", tmp / out, "--report", tmp / f"{out}.json"]
+    return [
+        "--params",
+        tmp / "params.yaml",
+        "--merged",
+        tmp / "merged",
+        "--out",
+        tmp / out,
+        "--report",
+        tmp / f"{out}.json",
+    ]
 
 
 def test_extract_killed_then_rerun(work):
     ref, out = work / "hidden-1", work / "hidden-killed"
     shards = sorted(p.name for p in ref.glob("shard-*.safetensors"))
     k = random.Random(f"{SEED}-extract").randint(2, len(shards))
-    pid = kill_in_write("stages.extract", extract_args(work, "hidden-killed"), work,
-                        out / "shard-*.safetensors", k)
+    pid = kill_in_write(
+        "stages.extract", extract_args(work, "hidden-killed"), work, out / "shard-*.safetensors", k
+    )
     assert_kill_left(out, "shard-*.safetensors", k - 1, pid)
     assert not (out / "index.parquet").exists()
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.safetensors")}
@@ -166,8 +197,9 @@ def test_train_killed_then_rerun(work):
     stage("stages.train", train_args(work, "ref"), work)
     checkpoints = work / "checkpoints-killed"
     k = random.Random(f"{SEED}-train").randint(2, TRAIN_STEPS // CHECKPOINT_EVERY)
-    pid = kill_in_write("stages.train", train_args(work, "killed"), work,
-                        checkpoints / "last.pt", k)
+    pid = kill_in_write(
+        "stages.train", train_args(work, "killed"), work, checkpoints / "last.pt", k
+    )
     assert temps(checkpoints) == [temp_path(checkpoints / "last.pt", pid)]
     step = torch.load(checkpoints / "last.pt", weights_only=True)["state"]["step"]
     assert step == CHECKPOINT_EVERY * (k - 1) and not (work / "drafter-killed").exists()
@@ -176,13 +208,21 @@ def test_train_killed_then_rerun(work):
     assert_only_running_temp(checkpoints, live)
     assert f"resumed at step {step}" in output
     for name in ("last.pt", "best.pt"):
-        a, b = (torch.load(work / f"checkpoints-{run}" / name, weights_only=True)["model"]
-                for run in ("ref", "killed"))
+        a, b = (
+            torch.load(work / f"checkpoints-{run}" / name, weights_only=True)["model"]
+            for run in ("ref", "killed")
+        )
         assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), name
-    for name in ("drafter-{}/model.safetensors", "reports-{}/plots/train_loss.csv",
-                 "reports-{}/plots/train_acceptance.csv"):
-        assert (work / name.format("killed")).read_bytes() == \
-            (work / name.format("ref")).read_bytes(), name
-    ref, resumed = (json.loads((work / f"reports-{run}" / "train.json").read_text())
-                    for run in ("ref", "killed"))
+    for name in (
+        "drafter-{}/model.safetensors",
+        "reports-{}/plots/train_loss.csv",
+        "reports-{}/plots/train_acceptance.csv",
+    ):
+        assert (work / name.format("killed")).read_bytes() == (
+            work / name.format("ref")
+        ).read_bytes(), name
+    ref, resumed = (
+        json.loads((work / f"reports-{run}" / "train.json").read_text())
+        for run in ("ref", "killed")
+    )
     assert {**ref, "tokens_per_s": 0} == {**resumed, "tokens_per_s": 0}

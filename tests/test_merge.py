@@ -39,8 +39,9 @@ def test_merge_is_deterministic_and_seeded(tmp_path, raw_dirs):
     orders = []
     for seed in (1, 1, 2):
         merge(raw_dirs, tmp_path / f"m{seed}", MergeParams(seed=seed, eval_fraction=0.25))
-        orders.append(pq.read_table(tmp_path / f"m{seed}" / "train.parquet")
-                      .column("sample_id").to_pylist())
+        orders.append(
+            pq.read_table(tmp_path / f"m{seed}" / "train.parquet").column("sample_id").to_pylist()
+        )
     assert orders[0] == orders[1] and orders[0] != orders[2]
     assert orders[0] != sorted(orders[0])  # shuffled
 

@@ -1,4 +1,5 @@
 """The GPU benchmark scripts keep running: each at a tiny CPU shape through its main(argv)."""
+
 from __future__ import annotations
 
 import argparse
@@ -10,8 +11,19 @@ import torch
 
 from tests.perf import bench_extract, bench_multi_gpu, bench_train
 
-TINY = ["--shape", "tiny", "--device", "cpu", "--batches", "1x32", "2x16",
-        "--warmup", "1", "--repeat", "2"]
+TINY = [
+    "--shape",
+    "tiny",
+    "--device",
+    "cpu",
+    "--batches",
+    "1x32",
+    "2x16",
+    "--warmup",
+    "1",
+    "--repeat",
+    "2",
+]
 
 
 def printed_table(text: str, first_column: str) -> list[dict[str, str]]:
@@ -34,21 +46,31 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
     rows = printed_table(out, "batch")
     assert [(r["batch"], r["length"]) for r in rows] == [("1", "32"), ("2", "16")]
     for r in rows:
-        assert set(r) == {"batch", "length", "tokens/s", "ms/step", "labels ms", "peak GiB",
-                          "device", "dtype", "ttt_steps"}
+        assert set(r) == {
+            "batch",
+            "length",
+            "tokens/s",
+            "ms/step",
+            "labels ms",
+            "peak GiB",
+            "device",
+            "dtype",
+            "ttt_steps",
+        }
         assert number(r["tokens/s"]) > 0 and number(r["ms/step"]) > 0
-        assert 0 < number(r["labels ms"]) and number(r["peak GiB"]) > 0
+        assert number(r["labels ms"]) > 0 and number(r["peak GiB"]) > 0
         assert (r["device"], r["dtype"], r["ttt_steps"]) == ("cpu", "fp32", "3")
         tokens = int(r["batch"]) * int(r["length"])
-        assert number(r["tokens/s"]) == pytest.approx(tokens / number(r["ms/step"]) * 1e3,
-                                                      rel=0.02)
+        assert number(r["tokens/s"]) == pytest.approx(tokens / number(r["ms/step"]) * 1e3, rel=0.02)
 
 
 def test_bench_extract_prints_rate_and_share_of_peak(capsys):
     bench_extract.main(TINY)
     rows = printed_table(capsys.readouterr().out, "variant")
     assert [(r["variant"], r["batch"], r["length"]) for r in rows] == [
-        ("eager", "1", "32"), ("eager", "2", "16")]
+        ("eager", "1", "32"),
+        ("eager", "2", "16"),
+    ]
     for r in rows:
         assert {"tokens/s", "ms/call", "TFLOP/s", "% of 989", "peak GiB"} <= set(r)
         assert number(r["tokens/s"]) > 0 and number(r["TFLOP/s"]) > 0
@@ -58,8 +80,11 @@ def test_bench_extract_prints_rate_and_share_of_peak(capsys):
 def test_forward_flops_counts_layer_weights_and_causal_attention():
     model = bench_extract.build_target("tiny", torch.device("cpu"), torch.float32)
     s = bench_extract.SHAPES["tiny"]
-    hidden, q, kv = s["hidden_size"], s["num_attention_heads"] * s["head_dim"], \
-        s["num_key_value_heads"] * s["head_dim"]
+    hidden, q, kv = (
+        s["hidden_size"],
+        s["num_attention_heads"] * s["head_dim"],
+        s["num_key_value_heads"] * s["head_dim"],
+    )
     per_layer = hidden * (2 * q + 2 * kv) + 3 * hidden * s["intermediate_size"]
     layers, batch, length = s["num_hidden_layers"], 2, 32
     expected = batch * (2 * layers * per_layer * length + 2 * layers * length**2 * q)
@@ -75,17 +100,45 @@ def test_batch_shape_names_the_expected_form():
 def test_bench_multi_gpu_compares_two_processes_with_one(tmp_path, capsys, monkeypatch):
     """The real stages by 1 process and by torchrun (gloo on CPU): equal shards, equal curves."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    bench_multi_gpu.main(["--world", "2", "--shape", "tiny", "--device", "cpu", "--samples", "24",
-                          "--lengths", "16", "48", "--train-steps", "6", "--batch", "4",
-                          "--batch-tokens", "256", "--work", str(tmp_path / "work"),
-                          "--out", str(tmp_path / "out")])
+    bench_multi_gpu.main(
+        [
+            "--world",
+            "2",
+            "--shape",
+            "tiny",
+            "--device",
+            "cpu",
+            "--samples",
+            "24",
+            "--lengths",
+            "16",
+            "48",
+            "--train-steps",
+            "6",
+            "--batch",
+            "4",
+            "--batch-tokens",
+            "256",
+            "--work",
+            str(tmp_path / "work"),
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     equality = results["extract_equality"]
     assert equality["bitwise_equal"] == equality["shards"] >= 8
     assert results["train_loss_gap"] < 1e-4  # fp32 on CPU: equal up to summation order
-    assert results["train_2"]["global_batch"] == 4 and results["train_2-scaled"]["global_batch"] == 8
+    assert (
+        results["train_2"]["global_batch"] == 4 and results["train_2-scaled"]["global_batch"] == 8
+    )
     rows = printed_table(capsys.readouterr().out, "run")
     assert [(r["run"], r["processes"]) for r in rows] == [
-        ("extract", "1"), ("extract", "2"), ("train", "1"), ("train, same global batch", "2"),
-        ("train, same batch per GPU", "2"), ("train, resumed by 1", "1")]
+        ("extract", "1"),
+        ("extract", "2"),
+        ("train", "1"),
+        ("train, same global batch", "2"),
+        ("train, same batch per GPU", "2"),
+        ("train, resumed by 1", "1"),
+    ]
     assert all(number(r["tokens/s"]) > 0 for r in rows if r["tokens/s"] != "-")

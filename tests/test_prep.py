@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -14,20 +15,45 @@ TEMPLATE = "tests/fixtures/stories_chat_template.jinja"
 
 
 def conversation(i: int, text: str | None = None) -> dict:
-    return {"id": f"c{i}", "conversations": [
-        {"from": "human", "value": text if text is not None else f"Tell a story about cat {i}"},
-        {"from": "gpt", "value": "Once upon a time."}]}
+    return {
+        "id": f"c{i}",
+        "conversations": [
+            {"from": "human", "value": text if text is not None else f"Tell a story about cat {i}"},
+            {"from": "gpt", "value": "Once upon a time."},
+        ],
+    }
 
 
-def project(tmp_path, rows: list, *, fmt: str = "sharegpt", prep_extra: dict | None = None,
-            params_extra: dict | None = None, jsonl: bool = False):
+def project(
+    tmp_path,
+    rows: list,
+    *,
+    fmt: str = "sharegpt",
+    prep_extra: dict | None = None,
+    params_extra: dict | None = None,
+    jsonl: bool = False,
+):
     src = tmp_path / ("data.jsonl" if jsonl else "data.json")
-    src.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows)
-                   if jsonl else json.dumps(rows))
-    params = {"target": {"path": str(STORIES), "chat_template": TEMPLATE},
-              "datasets": {"chat": {"prep": {"format": fmt, "path": str(src), "max_samples": 100,
-                                             "max_prompt_tokens": 40, **(prep_extra or {})},
-                                    "expect": {"reasoning": False}}}}  # a base model
+    src.write_text(
+        "\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows)
+        if jsonl
+        else json.dumps(rows)
+    )
+    params = {
+        "target": {"path": str(STORIES), "chat_template": TEMPLATE},
+        "datasets": {
+            "chat": {
+                "prep": {
+                    "format": fmt,
+                    "path": str(src),
+                    "max_samples": 100,
+                    "max_prompt_tokens": 40,
+                    **(prep_extra or {}),
+                },
+                "expect": {"reasoning": False},
+            }
+        },
+    }  # a base model
     params.update(params_extra or {})
     p = tmp_path / "params.yaml"
     p.write_text(yaml.safe_dump(params))
@@ -35,9 +61,20 @@ def project(tmp_path, rows: list, *, fmt: str = "sharegpt", prep_extra: dict | N
 
 
 def run_prep(tmp_path, params, monkeypatch, capsys):
-    return run_stage(prep.main, ["chat", "--params", params,
-                                 "--out", tmp_path / "prompts" / "chat.parquet",
-                                 "--report", tmp_path / "reports" / "chat.json"], monkeypatch, capsys)
+    return run_stage(
+        prep.main,
+        [
+            "chat",
+            "--params",
+            params,
+            "--out",
+            tmp_path / "prompts" / "chat.parquet",
+            "--report",
+            tmp_path / "reports" / "chat.json",
+        ],
+        monkeypatch,
+        capsys,
+    )
 
 
 def test_prompts_are_the_chat_template_ids(tmp_path, monkeypatch, capsys):
@@ -48,14 +85,20 @@ def test_prompts_are_the_chat_template_ids(tmp_path, monkeypatch, capsys):
     assert code == 0, err
     table = pq.read_table(tmp_path / "prompts" / "chat.parquet").to_pylist()
     report = json.loads((tmp_path / "reports" / "chat.json").read_text())
-    assert (report["rows"], report["duplicate"], report["too_long"], report["kept"]) == (14, 1, 1, 12)
+    assert (report["rows"], report["duplicate"], report["too_long"], report["kept"]) == (
+        14,
+        1,
+        1,
+        12,
+    )
     tok = AutoTokenizer.from_pretrained(STORIES)
-    tok.chat_template = open(TEMPLATE).read()
+    tok.chat_template = Path(TEMPLATE).read_text()
     row = next(r for r in table if r["sample_id"] == "chat/c5")
     messages = json.loads(row["messages"])
     assert messages == [{"role": "user", "content": "Tell a story about cat 5"}]  # reply dropped
-    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                       return_dict=False)
+    expected = tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     assert row["prompt_ids"] == expected and row["prompt_len"] == len(expected)
     assert row["dataset"] == "chat" and row["tools"] is None and row["reasoning_open"] is False
 
@@ -66,30 +109,45 @@ def test_max_samples_is_a_seeded_sample(tmp_path, monkeypatch, capsys):
     for seed in (0, 0, 1):
         params = project(tmp_path, rows, prep_extra={"max_samples": 10, "seed": seed})
         assert run_prep(tmp_path, params, monkeypatch, capsys)[0] == 0
-        picks.append(pq.read_table(tmp_path / "prompts" / "chat.parquet")
-                     .column("sample_id").to_pylist())
+        picks.append(
+            pq.read_table(tmp_path / "prompts" / "chat.parquet").column("sample_id").to_pylist()
+        )
     assert len(picks[0]) == 10 and picks[0] == picks[1] and picks[0] != picks[2]
     assert picks[0] != [f"chat/c{i}" for i in range(10)]
 
 
-@pytest.mark.parametrize("rows, fmt, needle", [
-    (['{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}', '{"id": "b", '],
-     "sharegpt", "data.jsonl, line 2"),
-    (['{"id": "a"}'], "sharegpt", "data.jsonl, line 1"),
-    (['{"id": "a", "conversations": []}'], "sharegpt", "data.jsonl, line 1"),
-    (['{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}'], "alpaca",
-     "unknown format"),
-])
+@pytest.mark.parametrize(
+    "rows, fmt, needle",
+    [
+        (
+            ['{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}', '{"id": "b", '],
+            "sharegpt",
+            "data.jsonl, line 2",
+        ),
+        (['{"id": "a"}'], "sharegpt", "data.jsonl, line 1"),
+        (['{"id": "a", "conversations": []}'], "sharegpt", "data.jsonl, line 1"),
+        (
+            ['{"id": "a", "conversations": [{"from": "human", "value": "hi"}]}'],
+            "alpaca",
+            "unknown format",
+        ),
+    ],
+)
 def test_bad_rows_fail_naming_file_and_row(tmp_path, monkeypatch, capsys, rows, fmt, needle):
-    code, _, err = run_prep(tmp_path, project(tmp_path, rows, fmt=fmt, jsonl=True),
-                            monkeypatch, capsys)
+    code, _, err = run_prep(
+        tmp_path, project(tmp_path, rows, fmt=fmt, jsonl=True), monkeypatch, capsys
+    )
     assert code == 1 and needle in err, err
     assert not any((tmp_path / "prompts").glob("*"))  # nothing, not even a temp file, left
 
 
 def test_skip_bad_rows_counts_them(tmp_path, monkeypatch, capsys):
-    rows = [json.dumps(conversation(1)), "{broken", json.dumps({"id": "x"}),
-            json.dumps(conversation(2))]
+    rows = [
+        json.dumps(conversation(1)),
+        "{broken",
+        json.dumps({"id": "x"}),
+        json.dumps(conversation(2)),
+    ]
     params = project(tmp_path, rows, jsonl=True, prep_extra={"skip_bad_rows": True})
     code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
     assert code == 0, err
@@ -98,10 +156,13 @@ def test_skip_bad_rows_counts_them(tmp_path, monkeypatch, capsys):
     assert "line 2" in report["malformed_examples"][0]
 
 
-@pytest.mark.parametrize("edit, needle", [
-    ({"max_sample": 3}, "datasets.chat.prep: unknown key(s) ['max_sample']"),
-    ({"max_samples": "ten"}, "datasets.chat.prep.max_samples: expected int"),
-])
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        ({"max_sample": 3}, "datasets.chat.prep: unknown key(s) ['max_sample']"),
+        ({"max_samples": "ten"}, "datasets.chat.prep.max_samples: expected int"),
+    ],
+)
 def test_bad_params_fail_naming_the_key(tmp_path, monkeypatch, capsys, edit, needle):
     params = project(tmp_path, [conversation(1)], prep_extra=edit)
     code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
@@ -118,27 +179,53 @@ DEMO_TEMPLATE = (ROOT / "stages" / "demo" / "chat_template.jinja").read_text()
 NO_GENERATION_PROMPT = DEMO_TEMPLATE.split("{%- if add_generation_prompt -%}")[0]
 
 
-@pytest.mark.parametrize("target, expect, needles", [
-    ({"template_kwargs": {"thinking": False}}, True,
-     ["ends with '<|im_assistant|>assistant<|im_middle|><think></think>'", "closes reasoning",
-      "but reasoning is expected", "template kwargs (e.g. {thinking: true})",
-      "params: target.template_kwargs, target.chat_template, datasets.chat.expect.reasoning"]),
-    ({}, False,
-     ["ends with '<|im_assistant|>assistant<|im_middle|><think>'", "opens reasoning",
-      "no reasoning is expected", "{thinking: false}",
-      "params: datasets.chat.expect.reasoning, target.template_kwargs"]),
-    ({"chat_template": "no_generation_prompt.jinja"}, True,
-     ["<|im_end|>'", "no_generation_prompt.jinja adds nothing for the reply",
-      "the prompt must open the assistant's turn: fix the chat template",
-      "params: target.chat_template"]),
-])
-def test_a_prompt_that_does_not_end_as_promised_fails_prep(tmp_path, monkeypatch, capsys,
-                                                           demo_target, target, expect, needles):
+@pytest.mark.parametrize(
+    "target, expect, needles",
+    [
+        (
+            {"template_kwargs": {"thinking": False}},
+            True,
+            [
+                "ends with '<|im_assistant|>assistant<|im_middle|><think></think>'",
+                "closes reasoning",
+                "but reasoning is expected",
+                "template kwargs (e.g. {thinking: true})",
+                "params: target.template_kwargs, target.chat_template, "
+                "datasets.chat.expect.reasoning",
+            ],
+        ),
+        (
+            {},
+            False,
+            [
+                "ends with '<|im_assistant|>assistant<|im_middle|><think>'",
+                "opens reasoning",
+                "no reasoning is expected",
+                "{thinking: false}",
+                "params: datasets.chat.expect.reasoning, target.template_kwargs",
+            ],
+        ),
+        (
+            {"chat_template": "no_generation_prompt.jinja"},
+            True,
+            [
+                "<|im_end|>'",
+                "no_generation_prompt.jinja adds nothing for the reply",
+                "the prompt must open the assistant's turn: fix the chat template",
+                "params: target.chat_template",
+            ],
+        ),
+    ],
+)
+def test_a_prompt_that_does_not_end_as_promised_fails_prep(
+    tmp_path, monkeypatch, capsys, demo_target, target, expect, needles
+):
     (tmp_path / "no_generation_prompt.jinja").write_text(NO_GENERATION_PROMPT)
     if "chat_template" in target:
         target = {"chat_template": str(tmp_path / target["chat_template"])}
-    params = project(tmp_path, [conversation(1)], params_extra={"target": {
-        "path": str(demo_target), **target}})
+    params = project(
+        tmp_path, [conversation(1)], params_extra={"target": {"path": str(demo_target), **target}}
+    )
     set_params(tmp_path, lambda p: p["datasets"]["chat"].update(expect={"reasoning": expect}))
     code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
     assert code == 1 and "dataset chat: the generation prompt " in err, err
@@ -146,10 +233,12 @@ def test_a_prompt_that_does_not_end_as_promised_fails_prep(tmp_path, monkeypatch
     assert not (tmp_path / "prompts" / "chat.parquet").exists()
 
 
-def test_the_demo_template_opens_reasoning_as_the_demo_expects(tmp_path, monkeypatch, capsys,
-                                                               demo_target):
-    params = project(tmp_path, [conversation(1)],
-                     params_extra={"target": {"path": str(demo_target)}})
+def test_the_demo_template_opens_reasoning_as_the_demo_expects(
+    tmp_path, monkeypatch, capsys, demo_target
+):
+    params = project(
+        tmp_path, [conversation(1)], params_extra={"target": {"path": str(demo_target)}}
+    )
     set_params(tmp_path, lambda p: p["datasets"]["chat"].update(expect={"reasoning": True}))
     code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
     assert code == 0, err

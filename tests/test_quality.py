@@ -1,8 +1,8 @@
 import pytest
 
 from stages.config import ExpectParams, QualityParams
-from stages.runtime.io import write_csv
 from stages.quality import HISTOGRAM_COLUMNS, answer, gate, markdown, metrics
+from stages.runtime.io import write_csv
 from tests.rawdata import raw_row, write_raw
 
 EXPECT = {"chat": ExpectParams(reasoning=True), "fc": ExpectParams(reasoning=True, tool_calls=True)}
@@ -22,8 +22,9 @@ def healthy(tmp_path):
 
 
 def by(rows, dataset, **match):
-    return next(r for r in rows if r["dataset"] == dataset and
-                all(r[k] == v for k, v in match.items()))
+    return next(
+        r for r in rows if r["dataset"] == dataset and all(r[k] == v for k, v in match.items())
+    )
 
 
 def test_answers_on_healthy_data(tmp_path):
@@ -35,7 +36,9 @@ def test_answers_on_healthy_data(tmp_path):
     assert by(ans["tool_call_integrity"], "fc")["tool_call_share"] == 1.0
     budget = by(ans["budget_used"], "fc")
     assert budget["generated_tokens"] == 60 and budget["budget_used_share"] == pytest.approx(0.3)
-    hist = [r for r in ans["length_histogram"] if r["dataset"] == "chat" and r["measure"] == "total"]
+    hist = [
+        r for r in ans["length_histogram"] if r["dataset"] == "chat" and r["measure"] == "total"
+    ]
     assert sum(r["samples"] for r in hist) == 20 and len(hist) <= 4
     assert gate(ans, EXPECT, QualityParams()) == []
     write_csv(ans["length_histogram"], tmp_path / "lengths.csv", HISTOGRAM_COLUMNS)
@@ -47,15 +50,18 @@ def test_gate_catches_lost_reasoning(tmp_path):
     chat = [raw_row("chat", i, reasoning=None) for i in range(20)]
     fc = [raw_row("fc", i, tool_calls=1, tools=True) for i in range(10)]
     failures = gate(run_questions(tmp_path, chat, fc), EXPECT, QualityParams())
-    assert failures == ["dataset chat: reasoning closed in 0.0% (minimum 90%, "
-                        "quality.min_reasoning_closed)"]
+    assert failures == [
+        "dataset chat: reasoning closed in 0.0% (minimum 90%, quality.min_reasoning_closed)"
+    ]
 
 
 def test_gate_catches_truncation_failures_and_broken_tool_calls(tmp_path):
     chat = [raw_row("chat", i, finish="length" if i < 5 else "stop") for i in range(20)]
-    fc = ([raw_row("fc", i, tools=True) for i in range(6)]
-          + [raw_row("fc", 10 + i, tool_calls=1, balanced=i > 0, tools=True) for i in range(3)]
-          + [raw_row("fc", 20, finish="abort", tools=True)])
+    fc = (
+        [raw_row("fc", i, tools=True) for i in range(6)]
+        + [raw_row("fc", 10 + i, tool_calls=1, balanced=i > 0, tools=True) for i in range(3)]
+        + [raw_row("fc", 20, finish="abort", tools=True)]
+    )
     failures = gate(run_questions(tmp_path, chat, fc), EXPECT, QualityParams())
     text = "\n".join(failures)
     assert "dataset chat: truncated (finish_reason=length) 25.0% (maximum 10%" in text
@@ -72,8 +78,10 @@ def test_gate_reports_missing_dataset(tmp_path):
 
 def test_metrics_and_markdown(tmp_path):
     ans = healthy(tmp_path)
-    prep = {"chat": {"rows": 25, "kept": 20, "duplicate": 3, "too_long": 2, "malformed": 0},
-            "fc": {"rows": 10, "kept": 10, "duplicate": 0, "too_long": 0, "malformed": 0}}
+    prep = {
+        "chat": {"rows": 25, "kept": 20, "duplicate": 3, "too_long": 2, "malformed": 0},
+        "fc": {"rows": 10, "kept": 10, "duplicate": 0, "too_long": 0, "malformed": 0},
+    }
     m = metrics(ans, prep, [])
     assert m["gate_passed"] is True
     assert m["datasets"]["chat"]["too_long"] == 2 and m["datasets"]["fc"]["tool_call_share"] == 1.0
@@ -87,8 +95,12 @@ def test_turns_are_counted_per_reply_and_duplicates_per_sample(tmp_path):
     chat += [dict(raw_row("chat", i), turn=2, prompt_len=20) for i in range(2)]
     fc = [raw_row("fc", i, tool_calls=1, tools=True) for i in range(3)]
     ans = run_questions(tmp_path, chat, fc)
-    assert by(ans["turns_per_sample"], "chat") == {"dataset": "chat", "turns": 6,
-                                                   "turns_per_sample": 1.5, "max_turns": 2}
+    assert by(ans["turns_per_sample"], "chat") == {
+        "dataset": "chat",
+        "turns": 6,
+        "turns_per_sample": 1.5,
+        "max_turns": 2,
+    }
     assert by(ans["duplicates"], "chat") == {"dataset": "chat", "samples": 4, "duplicates": 0}
     assert by(ans["finish_reasons"], "chat")["samples"] == 6
     assert by(ans["length_distribution"], "chat", measure="prompt")["max"] == 20

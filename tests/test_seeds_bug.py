@@ -1,6 +1,7 @@
 """The original run's bug, injected: an engine that loses the reasoning tokens (as the
 OpenAI-compatible endpoint does without a reasoning parser). The quality gate must stop the run,
 naming the dataset and the number; the same run with the raw ids passes."""
+
 from __future__ import annotations
 
 import json
@@ -13,15 +14,18 @@ import yaml
 from stages import config, quality
 from stages.engines import Completion
 from stages.engines.hf import HFEngine
-from stages.target.model import load_causal_lm
 from stages.generate import generate_dataset
+from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
 from stages.wiring import target_roles, target_tokenizer
 from tests.stage_runner import run_stage
 
-PROMPTS = ["Write a Python function that reverses a string.",
-           "Explain how a hash map works.", "What is the capital of France?",
-           "Write a program that prints the first ten primes."]
+PROMPTS = [
+    "Write a Python function that reverses a string.",
+    "Explain how a hash map works.",
+    "What is the capital of France?",
+    "Write a program that prints the first ten primes.",
+]
 
 
 class LosesReasoning:
@@ -49,15 +53,33 @@ def setup(tmp_path_factory, demo_target):
     for i, text in enumerate(PROMPTS):
         messages = [{"role": "user", "content": text}]
         ids = render_prompt(tok, messages, None, {})
-        rows.append(dict(sample_id=f"chat/{i}", dataset="chat", messages=json.dumps(messages),
-                         tools=None, prompt_ids=ids, prompt_len=len(ids),
-                         reasoning_open=ids[-1] == roles.think))
+        rows.append(
+            dict(
+                sample_id=f"chat/{i}",
+                dataset="chat",
+                messages=json.dumps(messages),
+                tools=None,
+                prompt_ids=ids,
+                prompt_len=len(ids),
+                reasoning_open=ids[-1] == roles.think,
+            )
+        )
     pq.write_table(pa.Table.from_pylist(rows), tmp / "chat.parquet")
     engine = HFEngine(load_causal_lm(str(demo_target)), pad_id(tok), batch_size=4)
     params = tmp / "params.yaml"
-    params.write_text(yaml.safe_dump({"datasets": {"chat": {
-        "prep": {"format": "sharegpt", "path": "unused"}, "expect": {"reasoning": True}}},
-        "quality": {"max_truncated": 1.0}}))
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "datasets": {
+                    "chat": {
+                        "prep": {"format": "sharegpt", "path": "unused"},
+                        "expect": {"reasoning": True},
+                    }
+                },
+                "quality": {"max_truncated": 1.0},
+            }
+        )
+    )
     return tmp, target, engine, roles, params
 
 
@@ -69,14 +91,30 @@ def test_gate_stops_lost_reasoning(setup, lossy, monkeypatch, capsys):
     used = LosesReasoning(engine, roles.end_think) if lossy else engine
     generate_dataset("chat", tmp / "chat.parquet", run / "raw" / "chat", gen, 10**6, target, used)
     reports = run / "reports"
-    code, out, err = run_stage(quality.main, [
-        "--params", params, "--raw-dir", run / "raw", "--prep-dir", run / "prep",
-        "--report", reports / "quality.json", "--summary", reports / "quality.md",
-        "--plot", reports / "plots" / "lengths.csv"], monkeypatch, capsys)
+    code, out, err = run_stage(
+        quality.main,
+        [
+            "--params",
+            params,
+            "--raw-dir",
+            run / "raw",
+            "--prep-dir",
+            run / "prep",
+            "--report",
+            reports / "quality.json",
+            "--summary",
+            reports / "quality.md",
+            "--plot",
+            reports / "plots" / "lengths.csv",
+        ],
+        monkeypatch,
+        capsys,
+    )
     if lossy:
         assert code == 1
-        assert ("dataset chat: reasoning closed in 0.0% (minimum 90%, "
-                "quality.min_reasoning_closed)") in err
+        assert (
+            "dataset chat: reasoning closed in 0.0% (minimum 90%, quality.min_reasoning_closed)"
+        ) in err
     else:
         assert code == 0, err
         assert json.loads((run / "reports" / "quality.json").read_text())["gate_passed"]

@@ -1,5 +1,6 @@
 """The structure checks of `make check` (tools/structure.py): each passes on the tree and fails
 on a planted violation of what it guards."""
+
 from __future__ import annotations
 
 import shutil
@@ -17,8 +18,9 @@ import structure  # noqa: E402
 @pytest.fixture
 def tree(tmp_path) -> Path:
     """A copy of the package and dvc.yaml to plant violations in."""
-    shutil.copytree(ROOT / "stages", tmp_path / "stages",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        ROOT / "stages", tmp_path / "stages", ignore=shutil.ignore_patterns("__pycache__")
+    )
     shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
     return tmp_path
 
@@ -36,32 +38,47 @@ def test_an_import_dvc_yaml_does_not_list_is_caught(tree):
     assert structure.dvc_dep_problems(tree) == []
     plant(tree / "stages" / "vocab.py", "from .target import weights")
     problems = structure.dvc_dep_problems(tree)
-    assert problems == [f"dvc.yaml stage vocab: stages.vocab runs stages/target/{name}, which "
-                        f"is not among its deps (a change to it would rerun nothing)"
-                        for name in ("__init__.py", "weights.py")]
+    assert problems == [
+        f"dvc.yaml stage vocab: stages.vocab runs stages/target/{name}, which "
+        f"is not among its deps (a change to it would rerun nothing)"
+        for name in ("__init__.py", "weights.py")
+    ]
 
 
 def test_an_import_inside_a_function_counts(tree):
     plant(tree / "stages" / "merge.py", "def later():\n    from .drafter import model")
-    assert any("stage merge" in p and "stages/drafter/model.py" in p
-               for p in structure.dvc_dep_problems(tree))
+    assert any(
+        "stage merge" in p and "stages/drafter/model.py" in p
+        for p in structure.dvc_dep_problems(tree)
+    )
 
 
 def test_a_query_file_a_stage_names_must_be_listed(tree):
     plant(tree / "stages" / "vocab.py", "QUESTION = sql('finish_reasons')")
-    assert any("stages/queries/finish_reasons.sql" in p
-               for p in structure.dvc_dep_problems(tree))
+    assert any("stages/queries/finish_reasons.sql" in p for p in structure.dvc_dep_problems(tree))
 
 
-@pytest.mark.parametrize("module, line, needle", [
-    ("engines/sglang.py", "from .. import config",
-     "the library imports the stage-side module stages.config"),
-    ("drafter/model.py", "from ..wiring import params_key",
-     "the library imports the stage-side module stages.wiring"),
-    ("runtime/io.py", "from ..artifacts import raw", "runtime may import ['runtime'], not "),
-    ("target/tokens.py", "from ..engines import Sampling",
-     "target may import ['runtime', 'target'], not stages.engines"),
-])
+@pytest.mark.parametrize(
+    "module, line, needle",
+    [
+        (
+            "engines/sglang.py",
+            "from .. import config",
+            "the library imports the stage-side module stages.config",
+        ),
+        (
+            "drafter/model.py",
+            "from ..wiring import params_key",
+            "the library imports the stage-side module stages.wiring",
+        ),
+        ("runtime/io.py", "from ..artifacts import raw", "runtime may import ['runtime'], not "),
+        (
+            "target/tokens.py",
+            "from ..engines import Sampling",
+            "target may import ['runtime', 'target'], not stages.engines",
+        ),
+    ],
+)
 def test_a_layering_violation_is_caught(tree, module, line, needle):
     assert structure.layer_problems(tree) == []
     plant(tree / "stages" / module, line)
@@ -72,5 +89,7 @@ def test_a_layering_violation_is_caught(tree, module, line, needle):
 def test_a_new_library_package_must_declare_its_layer(tree):
     (tree / "stages" / "newpkg").mkdir()
     (tree / "stages" / "newpkg" / "__init__.py").write_text('"""x"""\n')
-    assert any("package newpkg is not in tools/structure.py LAYERS" in p
-               for p in structure.layer_problems(tree))
+    assert any(
+        "package newpkg is not in tools/structure.py LAYERS" in p
+        for p in structure.layer_problems(tree)
+    )

@@ -4,9 +4,18 @@ from transformers import PreTrainedTokenizerFast
 
 from stages.target.tokens import analyze_output, learn_roles
 
-SPECIAL = ["[UNK]", "<|im_end|>", "<think>", "</think>", "<|tool_calls_section_begin|>",
-           "<|tool_calls_section_end|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
-           "<|tool_call_end|>", "[EOS]"]
+SPECIAL = [
+    "[UNK]",
+    "<|im_end|>",
+    "<think>",
+    "</think>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "[EOS]",
+]
 WORDS = ["hello", "world", "call", "f", "{}", "answer"]
 
 
@@ -15,8 +24,12 @@ def tok():
     vocab = {t: i for i, t in enumerate(SPECIAL + WORDS)}
     inner = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     inner.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=inner, unk_token="[UNK]", eos_token="[EOS]",
-                                   additional_special_tokens=SPECIAL[1:-1])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=inner,
+        unk_token="[UNK]",
+        eos_token="[EOS]",
+        additional_special_tokens=SPECIAL[1:-1],
+    )
 
 
 def ids(tok, *tokens):
@@ -43,9 +56,20 @@ def test_role_overrides(tok):
 
 def test_reasoning_then_tool_call(tok):
     roles = learn_roles(tok)
-    out = ids(tok, "hello", "world", "</think>", "<|tool_calls_section_begin|>",
-              "<|tool_call_begin|>", "f", "<|tool_call_argument_begin|>", "{}",
-              "<|tool_call_end|>", "<|tool_calls_section_end|>", "<|im_end|>")
+    out = ids(
+        tok,
+        "hello",
+        "world",
+        "</think>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_call_begin|>",
+        "f",
+        "<|tool_call_argument_begin|>",
+        "{}",
+        "<|tool_call_end|>",
+        "<|tool_calls_section_end|>",
+        "<|im_end|>",
+    )
     a = analyze_output(out, roles, reasoning_open=True)
     assert a.reasoning_tokens == 2
     assert a.answer_tokens == 7  # everything after </think>, stop token excluded
@@ -73,8 +97,15 @@ def test_unbalanced_tool_calls(tok):
     assert a.tool_calls == 0 and not a.tool_calls_balanced
     stray = ids(tok, "</think>", "<|tool_call_end|>", "<|im_end|>")
     assert not analyze_output(stray, roles, reasoning_open=True).tool_calls_balanced
-    two = ids(tok, "</think>", "<|tool_calls_section_begin|>", "<|tool_call_begin|>",
-              "<|tool_call_end|>", "<|tool_call_begin|>", "<|tool_call_end|>",
-              "<|tool_calls_section_end|>")
+    two = ids(
+        tok,
+        "</think>",
+        "<|tool_calls_section_begin|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_end|>",
+        "<|tool_calls_section_end|>",
+    )
     b = analyze_output(two, roles, reasoning_open=True)
     assert b.tool_calls == 2 and b.tool_calls_balanced

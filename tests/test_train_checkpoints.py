@@ -1,4 +1,5 @@
 """stages.train keeps a checkpoint directory only for the exact run that wrote it."""
+
 from __future__ import annotations
 
 import json
@@ -26,7 +27,9 @@ def test_a_checkpoint_of_an_older_format_starts_over(tmp_path, capsys):
     directory = checkpoints_of(tmp_path, RUN)  # written before the format was recorded
     start_or_resume(directory, RUN)
     assert not (directory / "last.pt").exists()
-    assert json.loads((directory / "run.json").read_text())["checkpoint_format"] == CHECKPOINT_FORMAT
+    assert (
+        json.loads((directory / "run.json").read_text())["checkpoint_format"] == CHECKPOINT_FORMAT
+    )
     assert "checkpoint format changed: starting over" in capsys.readouterr().out
 
 

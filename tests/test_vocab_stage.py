@@ -7,8 +7,10 @@ from stages.vocab import supervised_counts
 
 
 def test_counts_only_supervised_tokens(tmp_path):
-    rows = [dict(input_ids=[1, 2, 3, 7, 7, 8, 4, 5, 6], loss_spans=[[3, 5], [6, 8]]),
-            dict(input_ids=[7, 2, 9], loss_spans=[[1, 3]])]
+    rows = [
+        dict(input_ids=[1, 2, 3, 7, 7, 8, 4, 5, 6], loss_spans=[[3, 5], [6, 8]]),
+        dict(input_ids=[7, 2, 9], loss_spans=[[1, 3]]),
+    ]
     path = tmp_path / "train.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     counts = supervised_counts(path, vocab_size=10)

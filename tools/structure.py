@@ -4,6 +4,7 @@ and the library's layering. Run by `make check` and tests/test_structure.py.
     python tools/structure.py           # print problems; exit 1 if any
     python tools/structure.py --deps    # print each stage's code deps, as dvc.yaml should list them
 """
+
 from __future__ import annotations
 
 import ast
@@ -64,8 +65,9 @@ def imports(root: Path, module: str, parents: bool = True) -> set[str]:
         for name in names:
             if name.split(".")[0] == PACKAGE and module_file(root, name):
                 parts = name.split(".")
-                found.update(".".join(parts[:i]) for i in range(1 if parents else len(parts),
-                                                                len(parts) + 1))
+                found.update(
+                    ".".join(parts[:i]) for i in range(1 if parents else len(parts), len(parts) + 1)
+                )
     found.discard(module)
     return found
 
@@ -103,8 +105,10 @@ def stage_modules(root: Path) -> dict[str, tuple[str, list[str]]]:
         match = re.search(r"python -m ([\w.]+)", body["cmd"])
         if not match:
             continue
-        out[name] = (match.group(1), [d if isinstance(d, str) else next(iter(d))
-                                      for d in body.get("deps", [])])
+        out[name] = (
+            match.group(1),
+            [d if isinstance(d, str) else next(iter(d)) for d in body.get("deps", [])],
+        )
     return out
 
 
@@ -120,8 +124,10 @@ def dvc_dep_problems(root: Path) -> list[str]:
                 problems.append(f"dvc.yaml stage {name}: dep {dep} does not exist")
         for path in sorted(needed_files(root, module)):
             if not any(path == d or path.startswith(d + "/") for d in code_deps):
-                problems.append(f"dvc.yaml stage {name}: {module} runs {path}, which is not "
-                                f"among its deps (a change to it would rerun nothing)")
+                problems.append(
+                    f"dvc.yaml stage {name}: {module} runs {path}, which is not "
+                    f"among its deps (a change to it would rerun nothing)"
+                )
     return problems
 
 
@@ -130,13 +136,19 @@ def layer_problems(root: Path) -> list[str]:
     for path in sorted((root / PACKAGE).rglob("*.py")):
         module = module_name(root, path)
         parts = module.split(".")
-        if len(parts) < 2 or parts[1] not in LAYERS and module_file(root, module).name != \
-                "__init__.py" and len(parts) == 2:
+        if (
+            len(parts) < 2
+            or parts[1] not in LAYERS
+            and module_file(root, module).name != "__init__.py"
+            and len(parts) == 2
+        ):
             continue  # a stage-side top-level module: may import anything
         if len(parts) < 2 or parts[1] not in LAYERS:
             if len(parts) > 1 and (root / PACKAGE / parts[1]).is_dir():
-                problems.append(f"{path.relative_to(root)}: package {parts[1]} is not in "
-                                f"tools/structure.py LAYERS; say what it may import")
+                problems.append(
+                    f"{path.relative_to(root)}: package {parts[1]} is not in "
+                    f"tools/structure.py LAYERS; say what it may import"
+                )
             continue
         allowed = LAYERS[parts[1]] | {parts[1]}
         named = imports(root, module, parents=False)
@@ -145,11 +157,14 @@ def layer_problems(root: Path) -> list[str]:
             if dep == PACKAGE:
                 continue
             if len(dep_parts) == 2 and not (root / PACKAGE / dep_parts[1]).is_dir():
-                problems.append(f"{path.relative_to(root)}: the library imports the stage-side "
-                                f"module {dep}; pass values in as arguments instead")
+                problems.append(
+                    f"{path.relative_to(root)}: the library imports the stage-side "
+                    f"module {dep}; pass values in as arguments instead"
+                )
             elif dep_parts[1] not in allowed:
-                problems.append(f"{path.relative_to(root)}: {parts[1]} may import "
-                                f"{sorted(allowed)}, not {dep}")
+                problems.append(
+                    f"{path.relative_to(root)}: {parts[1]} may import {sorted(allowed)}, not {dep}"
+                )
     return problems
 
 

@@ -6,6 +6,7 @@ exact samples: a shard counts as done only when its key matches); `index.parquet
 sample is (sample_id, split, shard, offset, length); `meta.json` records the HF hidden-state
 indices captured and the serving layer ids. Shards are the unit of resume and of work per rank.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,6 @@ def shard_files(hidden_dir: Path | str) -> list[Path]:
     return sorted(Path(hidden_dir).glob("shard-*.safetensors"))
 
 
-
-
 def plan_shards(merged_dir: Path, splits: list[str], shard_tokens: int) -> list[list[dict]]:
     """Consecutive merged samples grouped into shards of about `shard_tokens` tokens."""
     shards: list[list[dict]] = [[]]
@@ -55,8 +54,9 @@ def plan_shards(merged_dir: Path, splits: list[str], shard_tokens: int) -> list[
     return [s for s in shards if s]
 
 
-def shard_rows(merged_dir: Path, plan: list[list[dict]], wanted: list[int]
-               ) -> Iterator[tuple[int, list[dict]]]:
+def shard_rows(
+    merged_dir: Path, plan: list[list[dict]], wanted: list[int]
+) -> Iterator[tuple[int, list[dict]]]:
     """(k, rows of shard k) for each k in `wanted`, in order, from one pass over the split files.
 
     Shards are consecutive runs of the files' rows (plan_shards), so a rank streams the files once
@@ -66,8 +66,9 @@ def shard_rows(merged_dir: Path, plan: list[list[dict]], wanted: list[int]
     splits = list(dict.fromkeys(r["split"] for k in wanted for r in plan[k]))
     current, rows = None, []
     for split in splits:
-        for row in merged.iter_rows(merged.split_path(merged_dir, split),
-                                    ["sample_id", "input_ids", "loss_spans"]):
+        for row in merged.iter_rows(
+            merged.split_path(merged_dir, split), ["sample_id", "input_ids", "loss_spans"]
+        ):
             k = owner.get((split, row["sample_id"]))
             if k is None:
                 continue
@@ -113,8 +114,15 @@ def write_index(hidden_dir: Path, plan: list[list[dict]]) -> int:
     for k, shard in enumerate(plan):
         offset = 0
         for r in shard:
-            index.append(dict(sample_id=r["sample_id"], split=r["split"], shard=k, offset=offset,
-                              length=r["length"]))
+            index.append(
+                dict(
+                    sample_id=r["sample_id"],
+                    split=r["split"],
+                    shard=k,
+                    offset=offset,
+                    length=r["length"],
+                )
+            )
             offset += r["length"]
     write_parquet(pa.Table.from_pylist(index), Path(hidden_dir) / INDEX)
     return len(index)
@@ -143,7 +151,7 @@ class ShardWriter:
             self.pending.result()
             self.pending = None
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -173,7 +181,9 @@ class HiddenStates:
         if k not in self._files:
             path = shard_path(self.directory, k)
             if not path.exists():
-                raise FileNotFoundError(f"{path}: listed in index.parquet but missing; rerun extract")
+                raise FileNotFoundError(
+                    f"{path}: listed in index.parquet but missing; rerun extract"
+                )
             self._files[k] = safe_open(str(path), "pt")
         return self._files[k]
 
@@ -181,11 +191,12 @@ class HiddenStates:
         r = self.rows[i]
         n = r["length"] if self.max_length is None else min(r["length"], self.max_length)
         shard = self._shard(r["shard"])
-        return {f: shard.get_slice(f)[r["offset"]: r["offset"] + n] for f in FIELDS}
+        return {f: shard.get_slice(f)[r["offset"] : r["offset"] + n] for f in FIELDS}
 
 
-def collate(samples: list[dict], dtype: torch.dtype | None = torch.float32
-            ) -> dict[str, torch.Tensor]:
+def collate(
+    samples: list[dict], dtype: torch.dtype | None = torch.float32
+) -> dict[str, torch.Tensor]:
     """Right-pad a list of samples into a batch with an attention mask; features in `dtype`
     (None: as stored)."""
     width = max(s["input_ids"].shape[0] for s in samples)

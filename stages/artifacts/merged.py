@@ -4,6 +4,7 @@ Columns: sample_id, dataset, input_ids (list<int32>: the last usable turn's prom
 loss_spans (list<list<int32>>: the [start, end) of each of the target's turns, the only positions
 trained on), length, truncated, split. Written by DuckDB (stages/queries/merge.sql).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -6,6 +6,7 @@ prompt ids of its first turn, whether that prompt opened reasoning, and `turn_de
 (empty otherwise). The file's metadata carries what generate needs for the turns it builds
 itself: the regenerate mode and the prompt limit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,11 +17,18 @@ import pyarrow.parquet as pq
 
 from ..runtime.io import write_parquet
 
-PROMPTS_SCHEMA = pa.schema([
-    ("sample_id", pa.string()), ("dataset", pa.string()), ("messages", pa.string()),
-    ("tools", pa.string()), ("prompt_ids", pa.list_(pa.int32())), ("prompt_len", pa.int32()),
-    ("reasoning_open", pa.bool_()), ("turn_deltas", pa.list_(pa.list_(pa.int32()))),
-])
+PROMPTS_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("dataset", pa.string()),
+        ("messages", pa.string()),
+        ("tools", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("prompt_len", pa.int32()),
+        ("reasoning_open", pa.bool_()),
+        ("turn_deltas", pa.list_(pa.list_(pa.int32()))),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -34,8 +42,9 @@ class PromptSettings:
 
 
 def write_prompts(rows: list[dict], path: Path, settings: PromptSettings) -> None:
-    schema = PROMPTS_SCHEMA.with_metadata({"regenerate": settings.regenerate,
-                                           "max_prompt_tokens": str(settings.max_prompt_tokens)})
+    schema = PROMPTS_SCHEMA.with_metadata(
+        {"regenerate": settings.regenerate, "max_prompt_tokens": str(settings.max_prompt_tokens)}
+    )
     write_parquet(pa.Table.from_pylist(rows, schema=schema), path)
 
 
@@ -44,5 +53,6 @@ def read_prompts(path: Path) -> tuple[pa.Table, PromptSettings]:
     table = pq.read_table(path)
     meta = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     limit = meta.get("max_prompt_tokens", "None")
-    return table, PromptSettings(meta.get("regenerate", "last_turn"),
-                                 None if limit == "None" else int(limit))
+    return table, PromptSettings(
+        meta.get("regenerate", "last_turn"), None if limit == "None" else int(limit)
+    )

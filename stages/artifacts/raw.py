@@ -5,6 +5,7 @@ and turn k+1's prompt holds turn k's prompt and output (stages/turns.py). A gene
 appends a part every few replies, so a kill loses at most the requests in flight; the rerun
 reads the parts, skips what is done and compacts them into one part when it completes.
 """
+
 from __future__ import annotations
 
 import re
@@ -15,17 +16,30 @@ import pyarrow.parquet as pq
 
 from ..runtime.io import write_parquet
 
-RAW_SCHEMA = pa.schema([
-    ("sample_id", pa.string()), ("dataset", pa.string()), ("turn", pa.int32()),
-    ("messages", pa.string()),
-    ("tools", pa.string()), ("prompt_ids", pa.list_(pa.int32())), ("prompt_len", pa.int32()),
-    ("reasoning_open", pa.bool_()),
-    ("output_ids", pa.list_(pa.int32())), ("finish_reason", pa.string()),
-    ("completion_tokens", pa.int32()), ("reasoning_tokens", pa.int32()),
-    ("answer_tokens", pa.int32()), ("tool_calls", pa.int32()), ("tool_calls_balanced", pa.bool_()),
-    ("error", pa.string()), ("latency_s", pa.float32()), ("engine", pa.string()),
-    ("fingerprint", pa.string()), ("output_text", pa.string()),
-])
+RAW_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("dataset", pa.string()),
+        ("turn", pa.int32()),
+        ("messages", pa.string()),
+        ("tools", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("prompt_len", pa.int32()),
+        ("reasoning_open", pa.bool_()),
+        ("output_ids", pa.list_(pa.int32())),
+        ("finish_reason", pa.string()),
+        ("completion_tokens", pa.int32()),
+        ("reasoning_tokens", pa.int32()),
+        ("answer_tokens", pa.int32()),
+        ("tool_calls", pa.int32()),
+        ("tool_calls_balanced", pa.bool_()),
+        ("error", pa.string()),
+        ("latency_s", pa.float32()),
+        ("engine", pa.string()),
+        ("fingerprint", pa.string()),
+        ("output_text", pa.string()),
+    ]
+)
 
 _PART = re.compile(r"part-(\d{5})\.parquet$")
 
@@ -77,7 +91,8 @@ def last_turns(table: pa.Table, with_ids: bool) -> dict[str, tuple[int, dict]]:
     for i, sample_id in enumerate(table.column("sample_id").to_pylist()):
         if sample_id not in last or turns[i] > turns[last[sample_id]]:
             last[sample_id] = i
-    columns = ["sample_id", "turn", "finish_reason"] + (["prompt_ids", "output_ids"] if with_ids
-                                                         else [])
+    columns = ["sample_id", "turn", "finish_reason"] + (
+        ["prompt_ids", "output_ids"] if with_ids else []
+    )
     rows = table.select(columns).take(pa.array(list(last.values()), pa.int64())).to_pylist()
     return {r["sample_id"]: (r["turn"], r) for r in rows}

@@ -23,18 +23,36 @@ from pathlib import Path
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig,
-                          LlamaForCausalLM, PreTrainedTokenizerFast)
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from stages.demo.corpus import Conversation, demo_conversations, training_corpus
 
 END_OF_TURN = "<|im_end|>"
 SPECIAL_TOKENS = (
-    "[BOS]", "[EOS]", END_OF_TURN, "<|im_user|>", "<|im_assistant|>", "<|im_system|>",
-    "<|im_middle|>", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
-    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
-    "<think>", "</think>", "[PAD]", "[UNK]",
+    "[BOS]",
+    "[EOS]",
+    END_OF_TURN,
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_calls_section_end|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<think>",
+    "</think>",
+    "[PAD]",
+    "[UNK]",
 )
 CHAT_TEMPLATE = (Path(__file__).parent / "chat_template.jinja").read_text()
 
@@ -65,10 +83,12 @@ class BuildConfig:
 
 # --- tokenizer --------------------------------------------------------------------------------
 
+
 def _rendered(conversation: Conversation) -> str:
     """The conversation as the chat template renders it, before any tokenizer exists."""
-    texts, _ = render_jinja_template([conversation.messages], tools=conversation.tools,
-                                     chat_template=CHAT_TEMPLATE)
+    texts, _ = render_jinja_template(
+        [conversation.messages], tools=conversation.tools, chat_template=CHAT_TEMPLATE
+    )
     return texts[0]
 
 
@@ -77,54 +97,99 @@ def train_tokenizer(conversations: list[Conversation], vocab_size: int) -> PreTr
     specials = re.compile("|".join(map(re.escape, SPECIAL_TOKENS)))
     texts = (piece for c in conversations for piece in specials.split(_rendered(c)) if piece)
     bpe = Tokenizer(models.BPE(unk_token="[UNK]"))
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([  # one token per digit: numbers copy digitwise
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [  # one token per digit: numbers copy digitwise
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=list(SPECIAL_TOKENS),
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     named = {"[BOS]", "[EOS]", END_OF_TURN, "[PAD]", "[UNK]"}
     return PreTrainedTokenizerFast(
-        tokenizer_object=bpe, bos_token="[BOS]", eos_token=END_OF_TURN, unk_token="[UNK]",
-        pad_token="[PAD]", additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in named],
-        chat_template=CHAT_TEMPLATE, model_max_length=2048, clean_up_tokenization_spaces=False)
+        tokenizer_object=bpe,
+        bos_token="[BOS]",
+        eos_token=END_OF_TURN,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in named],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=2048,
+        clean_up_tokenization_spaces=False,
+    )
 
 
-def render(tokenizer, messages: list[dict], tools: list[dict] | None,
-           generation_prompt: bool = False, thinking: bool = True) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                         add_generation_prompt=generation_prompt, thinking=thinking)
+def render(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None,
+    generation_prompt: bool = False,
+    thinking: bool = True,
+) -> str:
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        tokenize=False,
+        add_generation_prompt=generation_prompt,
+        thinking=thinking,
+    )
 
 
 def encode(tokenizer, conversation: Conversation) -> tuple[list[int], int]:
     """Token ids of the whole conversation, and the length of its prompt (all before the reply)."""
-    prompt = render(tokenizer, conversation.prompt, conversation.tools, generation_prompt=True,
-                    thinking=conversation.thinking)
+    prompt = render(
+        tokenizer,
+        conversation.prompt,
+        conversation.tools,
+        generation_prompt=True,
+        thinking=conversation.thinking,
+    )
     full = render(tokenizer, conversation.messages, conversation.tools)
     if not full.startswith(prompt):
-        raise ValueError(f"the rendered prompt is not a prefix of the rendered conversation:\n"
-                         f"{prompt!r}\nvs\n{full!r}\nfix the chat template or the reply")
+        raise ValueError(
+            f"the rendered prompt is not a prefix of the rendered conversation:\n"
+            f"{prompt!r}\nvs\n{full!r}\nfix the chat template or the reply"
+        )
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    reply_ids = tokenizer.encode(full[len(prompt):], add_special_tokens=False)
+    reply_ids = tokenizer.encode(full[len(prompt) :], add_special_tokens=False)
     return prompt_ids + reply_ids, len(prompt_ids)
 
 
 # --- model and training -----------------------------------------------------------------------
 
+
 def build_model(tokenizer, config: BuildConfig) -> LlamaForCausalLM:
     torch.manual_seed(config.seed)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size, num_hidden_layers=config.layers,
-        num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
-        head_dim=config.hidden_size // config.heads, max_position_embeddings=config.max_positions,
-        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_hidden_layers=config.layers,
+            num_attention_heads=config.heads,
+            num_key_value_heads=config.kv_heads,
+            head_dim=config.hidden_size // config.heads,
+            max_position_embeddings=config.max_positions,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    )
 
 
-def batches(samples: list[tuple[list[int], int]], batch_tokens: int, pad_id: int,
-            generator: torch.Generator):
+def batches(
+    samples: list[tuple[list[int], int]], batch_tokens: int, pad_id: int, generator: torch.Generator
+):
     """Endless shuffled batches of similar-length samples, each at most `batch_tokens` padded."""
     order = sorted(range(len(samples)), key=lambda i: len(samples[i][0]))
     groups, group = [], []
@@ -146,9 +211,9 @@ def collate(samples: list[tuple[list[int], int]], pad_id: int):
     labels = torch.full((len(samples), width), -100)
     mask = torch.zeros((len(samples), width), dtype=torch.long)
     for row, (ids, prompt_len) in enumerate(samples):
-        input_ids[row, :len(ids)] = torch.tensor(ids)
-        labels[row, prompt_len:len(ids)] = torch.tensor(ids[prompt_len:])
-        mask[row, :len(ids)] = 1
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
+        mask[row, : len(ids)] = 1
     return input_ids, mask, labels
 
 
@@ -161,18 +226,25 @@ def learning_rate(step: int, config: BuildConfig) -> float:
     return config.final_learning_rate + (config.learning_rate - config.final_learning_rate) * cosine
 
 
-def train(model: LlamaForCausalLM, samples: list[tuple[list[int], int]], config: BuildConfig
-          ) -> dict:
+def train(
+    model: LlamaForCausalLM, samples: list[tuple[list[int], int]], config: BuildConfig
+) -> dict:
     """Plain AdamW on the reply tokens; returns the final loss and the throughput (padded tokens
     processed, the compute actually spent)."""
     generator = torch.Generator().manual_seed(config.seed)
     stream = batches(samples, config.batch_tokens, model.config.pad_token_id, generator)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate,
-                                  betas=(0.9, 0.95), weight_decay=0.01)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=0.01
+    )
     model.train()
     losses, tokens, start = [], 0, time.perf_counter()
-    columns = (TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TextColumn("{task.fields[status]}"), TimeRemainingColumn())
+    columns = (
+        TextColumn("[bold]train"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[status]}"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns) as progress:
         task = progress.add_task("train", total=config.steps, status="")
         for step in range(config.steps):
@@ -192,41 +264,54 @@ def train(model: LlamaForCausalLM, samples: list[tuple[list[int], int]], config:
             if not progress.console.is_terminal and (step + 1) % 50 == 0:
                 progress.console.print(f"step {step + 1}/{config.steps}  {status}")
     seconds = time.perf_counter() - start
-    tail = losses[-max(1, config.steps // 20):]
-    return {"final_loss": round(sum(tail) / len(tail), 5), "padded_tokens": tokens,
-            "train_seconds": round(seconds, 1), "tokens_per_second": round(tokens / seconds)}
+    tail = losses[-max(1, config.steps // 20) :]
+    return {
+        "final_loss": round(sum(tail) / len(tail), 5),
+        "padded_tokens": tokens,
+        "train_seconds": round(seconds, 1),
+        "tokens_per_second": round(tokens / seconds),
+    }
 
 
 # --- greedy behaviour -------------------------------------------------------------------------
 
+
 @torch.no_grad()
-def greedy_replies(model, tokenizer, prompts: list[list[int]], max_new_tokens: int,
-                   batch_size: int = 16) -> list[list[int]]:
+def greedy_replies(
+    model, tokenizer, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 16
+) -> list[list[int]]:
     """Greedy continuations of each prompt (left-padded batches), cut after the end of turn."""
     model.eval()
     end = tokenizer.convert_tokens_to_ids(END_OF_TURN)
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     replies: list[list[int]] = [[] for _ in prompts]
     for first in range(0, len(order), batch_size):
-        rows = order[first:first + batch_size]
+        rows = order[first : first + batch_size]
         width = max(len(prompts[i]) for i in rows)
         input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
         for row, i in enumerate(rows):
-            input_ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]):] = 1
-        output = model.generate(input_ids=input_ids.to(model.device),
-                                attention_mask=mask.to(model.device), do_sample=False,
-                                max_new_tokens=max_new_tokens, eos_token_id=end,
-                                pad_token_id=tokenizer.pad_token_id)
+            input_ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]) :] = 1
+        output = model.generate(
+            input_ids=input_ids.to(model.device),
+            attention_mask=mask.to(model.device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=end,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         for row, i in enumerate(rows):
             ids = output[row, width:].tolist()
-            replies[i] = ids[:ids.index(end) + 1] if end in ids else ids
+            replies[i] = ids[: ids.index(end) + 1] if end in ids else ids
     return replies
 
 
-TOOL_CALL = re.compile(r"<\|tool_call_begin\|>functions\.([\w.-]+):(\d+)"
-                       r"<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>", re.S)
+TOOL_CALL = re.compile(
+    r"<\|tool_call_begin\|>functions\.([\w.-]+):(\d+)"
+    r"<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
+    re.S,
+)
 SECTION = re.compile(r"<\|tool_calls_section_begin\|>(.*?)<\|tool_calls_section_end\|>", re.S)
 
 
@@ -265,8 +350,11 @@ def measure(model, tokenizer, demo: dict[str, list[Conversation]], max_new_token
     replies = greedy_replies(model, tokenizer, [ids[:n] for ids, n in encoded], max_new_tokens)
     described = [describe_reply(tokenizer, r) for r in replies]
     references = [tokenizer.decode(ids[n:], skip_special_tokens=False) for ids, n in encoded]
-    wanted_calls = [(d, expected_call(c)) for c, d in zip(conversations, described)
-                    if expected_call(c) is not None]
+    wanted_calls = [
+        (d, expected_call(c))
+        for c, d in zip(conversations, described)
+        if expected_call(c) is not None
+    ]
     lengths: dict[str, list[int]] = {}
     for c, d in zip(conversations, described):
         lengths.setdefault(c.kind, []).append(d["tokens"])
@@ -281,8 +369,8 @@ def measure(model, tokenizer, demo: dict[str, list[Conversation]], max_new_token
         "closed_reasoning_share": share(d["closed_reasoning"] for d in described),
         "ended_share": share(d["ended"] for d in described),
         "tool_call_share": share(
-            len(d["tool_calls"]) == 1 and d["tool_calls"][0][1] is not None
-            for d, _ in wanted_calls),
+            len(d["tool_calls"]) == 1 and d["tool_calls"][0][1] is not None for d, _ in wanted_calls
+        ),
         "tool_call_exact_share": share(d["tool_calls"] == [want] for d, want in wanted_calls),
         "reference_match_share": share(d["text"] == ref for d, ref in zip(described, references)),
         "mean_reply_tokens": {k: round(sum(v) / len(v), 1) for k, v in lengths.items()},
@@ -293,6 +381,7 @@ def measure(model, tokenizer, demo: dict[str, list[Conversation]], max_new_token
 
 # --- build ------------------------------------------------------------------------------------
 
+
 def build(out: Path, config: BuildConfig = BuildConfig()) -> dict:
     """Train tokenizer and model, measure them, and move the finished directory to `out`."""
     start = time.perf_counter()
@@ -301,8 +390,10 @@ def build(out: Path, config: BuildConfig = BuildConfig()) -> dict:
     samples = [encode(tokenizer, c) for c in conversations]
     too_long = [i for i, (ids, _) in enumerate(samples) if len(ids) > config.max_positions]
     if too_long:
-        raise ValueError(f"{len(too_long)} corpus conversations exceed max_positions="
-                         f"{config.max_positions} (first: #{too_long[0]}); raise max_positions")
+        raise ValueError(
+            f"{len(too_long)} corpus conversations exceed max_positions="
+            f"{config.max_positions} (first: #{too_long[0]}); raise max_positions"
+        )
     model = build_model(tokenizer, config).to(config.device)
     info = {"seed": config.seed, "steps": config.steps, **train(model, samples, config)}
 
@@ -323,8 +414,12 @@ def save(model: LlamaForCausalLM, tokenizer, directory: Path, config: BuildConfi
     """A standard Hugging Face directory: weights in `config.dtype`, tokenizer with its template."""
     model.to("cpu", getattr(torch, config.dtype))
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, do_sample=False, max_new_tokens=config.max_new_tokens)
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+        max_new_tokens=config.max_new_tokens,
+    )
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory, save_jinja_files=False)  # template in tokenizer_config
 
@@ -337,8 +432,12 @@ def measure_saved(directory: Path, config: BuildConfig) -> dict:
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),
         "config": asdict(config),
-        "demo": measure(model.to(config.device), tokenizer,
-                        demo_conversations(config.demo_prompts), config.max_new_tokens),
+        "demo": measure(
+            model.to(config.device),
+            tokenizer,
+            demo_conversations(config.demo_prompts),
+            config.max_new_tokens,
+        ),
     }
 
 
@@ -356,8 +455,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="directory to write (replaced)")
     parser.add_argument("--steps", type=int, default=BuildConfig.steps)
     parser.add_argument("--seed", type=int, default=BuildConfig.seed)
-    parser.add_argument("--device", default=BuildConfig.device,
-                        help="cpu, or cuda to build faster (not bit-identical to a CPU build)")
+    parser.add_argument(
+        "--device",
+        default=BuildConfig.device,
+        help="cpu, or cuda to build faster (not bit-identical to a CPU build)",
+    )
     args = parser.parse_args(argv)
     info = build(args.out, BuildConfig(seed=args.seed, steps=args.steps, device=args.device))
     print(json.dumps(info["demo"], indent=2))

@@ -15,8 +15,14 @@ import os
 import random
 from pathlib import Path
 
-from stages.demo.corpus import (CODE_TASKS, DEMO_SEED, GLAIVE_SYSTEM, Conversation,
-                                demo_conversations, example_value)
+from stages.demo.corpus import (
+    CODE_TASKS,
+    DEMO_SEED,
+    GLAIVE_SYSTEM,
+    Conversation,
+    demo_conversations,
+    example_value,
+)
 
 GLAIVE_TURN_END = " <|endoftext|>"
 GLAIVE_TURN_SEPARATOR = "\n\n\n"
@@ -34,12 +40,16 @@ def glaive_row(conversation: Conversation) -> dict:
             turns.append(f"FUNCTION RESPONSE: {message['content']}")
         elif message["role"] == "assistant" and message.get("tool_calls"):
             function = message["tool_calls"][0]["function"]
-            turns.append(f'ASSISTANT: <functioncall> {{"name": "{function["name"]}", '
-                         f"\"arguments\": '{function['arguments']}'}}{GLAIVE_TURN_END}")
+            turns.append(
+                f'ASSISTANT: <functioncall> {{"name": "{function["name"]}", '
+                f"\"arguments\": '{function['arguments']}'}}{GLAIVE_TURN_END}"
+            )
         elif message["role"] == "assistant":
             turns.append(f"ASSISTANT: {message['content']}{GLAIVE_TURN_END}")
-    return {"system": f"SYSTEM: {GLAIVE_SYSTEM} -\n{definitions}\n",
-            "chat": GLAIVE_TURN_SEPARATOR.join(turns) + GLAIVE_TURN_SEPARATOR}
+    return {
+        "system": f"SYSTEM: {GLAIVE_SYSTEM} -\n{definitions}\n",
+        "chat": GLAIVE_TURN_SEPARATOR.join(turns) + GLAIVE_TURN_SEPARATOR,
+    }
 
 
 def _task_of(conversation: Conversation):
@@ -60,12 +70,18 @@ def opencodeinstruct_row(conversation: Conversation, rng: random.Random) -> dict
     task, name = _task_of(conversation)
     call = task.example.replace("{name}", name)
     judgement = {
-        "requirement_conformance": {"score": 5, "justification": "The function meets every "
-                                    "stated requirement."},
-        "logical_correctness": {"score": 5, "justification": "The logic is correct and handles "
-                                "the example."},
-        "edge_case_consideration": {"score": rng.choice((4, 5)), "justification": "Common edge "
-                                    "cases are handled."},
+        "requirement_conformance": {
+            "score": 5,
+            "justification": "The function meets every stated requirement.",
+        },
+        "logical_correctness": {
+            "score": 5,
+            "justification": "The logic is correct and handles the example.",
+        },
+        "edge_case_consideration": {
+            "score": rng.choice((4, 5)),
+            "justification": "Common edge cases are handled.",
+        },
     }
     return {
         "id": _row_hash(conversation.request)[:32],
@@ -100,8 +116,9 @@ def sharegpt_row(conversation: Conversation, rng: random.Random) -> dict:
     alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
     return {
         "id": "".join(rng.choice(alphabet) for _ in range(7)) + "_0",
-        "conversations": [{"from": speakers[m["role"]], "value": m["content"]}
-                          for m in conversation.messages],
+        "conversations": [
+            {"from": speakers[m["role"]], "value": m["content"]} for m in conversation.messages
+        ],
     }
 
 
@@ -122,11 +139,15 @@ def write_prompts(out: Path, per_source: int = 40, seed: int = DEMO_SEED) -> dic
     contents = {
         "glaive_fc.jsonl": _jsonl([glaive_row(c) for c in demo["glaive_fc"]]),
         "opencodeinstruct.jsonl": _jsonl(
-            [opencodeinstruct_row(c, rng) for c in demo["opencodeinstruct"]]),
+            [opencodeinstruct_row(c, rng) for c in demo["opencodeinstruct"]]
+        ),
         "magicoder.jsonl": _jsonl(
-            [magicoder_row(c, i, rng) for i, c in enumerate(demo["magicoder"])]),
-        "sharegpt.json": json.dumps([sharegpt_row(c, rng) for c in demo["sharegpt"]],
-                                    indent=2, ensure_ascii=False) + "\n",
+            [magicoder_row(c, i, rng) for i, c in enumerate(demo["magicoder"])]
+        ),
+        "sharegpt.json": json.dumps(
+            [sharegpt_row(c, rng) for c in demo["sharegpt"]], indent=2, ensure_ascii=False
+        )
+        + "\n",
     }
     out.mkdir(parents=True, exist_ok=True)
     paths = {}

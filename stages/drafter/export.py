@@ -14,6 +14,7 @@ indices of DeepSeek-family targets need; the check then covers that version only
 vLLM speculators-format config is not written: vLLM runs this one with the same forward as long as
 `norm_before_residual` is false, which is written explicitly.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,9 @@ from .model import Eagle3Config, Eagle3Drafter, TargetFacts, rope_fields, target
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 TRAINING_ARGS_FILE = "training_args.json"
-PROJECT_KEY = "eagle_pipeline"   # what the checkpoint was trained on, for people and checks
+PROJECT_KEY = "eagle_pipeline"  # what the checkpoint was trained on, for people and checks
 ARCHITECTURE = "LlamaForCausalLMEagle3"
-ENGINE_NUM_AUX = 3               # both engines build fc for exactly 3 captured layers
+ENGINE_NUM_AUX = 3  # both engines build fc for exactly 3 captured layers
 
 
 class ExportError(ValueError):
@@ -65,13 +66,18 @@ def expected_tensors(cfg: Eagle3Config) -> dict[str, tuple[tuple[int, ...], torc
     return tensors
 
 
-def serving_config(cfg: Eagle3Config, target_config: Any, dtype: torch.dtype, *,
-                   sglang_version: str | None = None) -> dict:
+def serving_config(
+    cfg: Eagle3Config, target_config: Any, dtype: torch.dtype, *, sglang_version: str | None = None
+) -> dict:
     """config.json: the SGLang / vLLM fields, plus what the checkpoint was trained on. The SGLang
     layer ids serve every known SGLang version, or `sglang_version` only when one is named."""
     target = target_facts(target_config)
-    ids = serving_layer_ids(target.architecture, list(cfg.aux_layer_ids), target.num_hidden_layers,
-                            sglang_version=sglang_version)
+    ids = serving_layer_ids(
+        target.architecture,
+        list(cfg.aux_layer_ids),
+        target.num_hidden_layers,
+        sglang_version=sglang_version,
+    )
     dtype_name = str(dtype).removeprefix("torch.")
     return {
         "architectures": [ARCHITECTURE],
@@ -86,8 +92,11 @@ def serving_config(cfg: Eagle3Config, target_config: Any, dtype: torch.dtype, *,
         "rms_norm_eps": cfg.rms_norm_eps,
         "rope_theta": cfg.rope_theta,
         "rope_scaling": cfg.rope_scaling,
-        "rope_parameters": {"rope_type": "default", **(cfg.rope_scaling or {}),
-                            "rope_theta": cfg.rope_theta},
+        "rope_parameters": {
+            "rope_type": "default",
+            **(cfg.rope_scaling or {}),
+            "rope_theta": cfg.rope_theta,
+        },
         "max_position_embeddings": cfg.max_position_embeddings,
         "vocab_size": cfg.vocab_size,
         "draft_vocab_size": cfg.draft_vocab_size,
@@ -98,8 +107,10 @@ def serving_config(cfg: Eagle3Config, target_config: Any, dtype: torch.dtype, *,
         "norm_before_residual": False,
         "torch_dtype": dtype_name,
         "dtype": dtype_name,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": ids["sglang"],
-                         "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": ids["sglang"],
+            "use_aux_hidden_state": True,
+        },
         "eagle_aux_hidden_state_layer_ids": ids["vllm"],
         PROJECT_KEY: {
             "aux_hidden_state_hf_indices": list(cfg.aux_layer_ids),
@@ -108,7 +119,7 @@ def serving_config(cfg: Eagle3Config, target_config: Any, dtype: torch.dtype, *,
             "target_hidden_size": target.hidden_size,
             "target_vocab_size": target.vocab_size,
             "target_max_position_embeddings": target.max_position_embeddings,
-            "sglang_version": sglang_version,   # the layer ids' SGLang; None: every version
+            "sglang_version": sglang_version,  # the layer ids' SGLang; None: every version
         },
     }
 
@@ -117,12 +128,17 @@ def config_from_json(config: dict) -> Eagle3Config:
     """The drafter's shapes as the serving engines read them from config.json."""
     theta, scaling = rope_fields(config)
     return Eagle3Config(
-        hidden_size=config["hidden_size"], num_attention_heads=config["num_attention_heads"],
-        num_key_value_heads=config["num_key_value_heads"], head_dim=config["head_dim"],
-        intermediate_size=config["intermediate_size"], rms_norm_eps=config["rms_norm_eps"],
-        rope_theta=theta, rope_scaling=scaling,
+        hidden_size=config["hidden_size"],
+        num_attention_heads=config["num_attention_heads"],
+        num_key_value_heads=config["num_key_value_heads"],
+        head_dim=config["head_dim"],
+        intermediate_size=config["intermediate_size"],
+        rms_norm_eps=config["rms_norm_eps"],
+        rope_theta=theta,
+        rope_scaling=scaling,
         max_position_embeddings=config["max_position_embeddings"],
-        vocab_size=config["vocab_size"], draft_vocab_size=config["draft_vocab_size"],
+        vocab_size=config["vocab_size"],
+        draft_vocab_size=config["draft_vocab_size"],
         target_hidden_size=config["target_hidden_size"],
         aux_layer_ids=config[PROJECT_KEY]["aux_hidden_state_hf_indices"],
         num_aux=len(config[PROJECT_KEY]["aux_hidden_state_hf_indices"]),
@@ -130,8 +146,15 @@ def config_from_json(config: dict) -> Eagle3Config:
     )
 
 
-def export_drafter(drafter: Eagle3Drafter, cfg: Eagle3Config, out_dir: Path | str,
-                   target_config: Any, extra: dict, *, sglang_version: str | None = None) -> Path:
+def export_drafter(
+    drafter: Eagle3Drafter,
+    cfg: Eagle3Config,
+    out_dir: Path | str,
+    target_config: Any,
+    extra: dict,
+    *,
+    sglang_version: str | None = None,
+) -> Path:
     """Write config.json, model.safetensors and training_args.json (`extra`); check the result
     before renaming it into place. `sglang_version` (e.g. "0.5.12"): the SGLang that will serve
     the drafter, for aux indices no single id list serves on every version; None: every version."""
@@ -142,8 +165,9 @@ def export_drafter(drafter: Eagle3Drafter, cfg: Eagle3Config, out_dir: Path | st
     except TypeError as e:
         raise ValueError(f"export_drafter: `extra` must be JSON-serialisable ({e})") from e
     state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
-    config = serving_config(cfg, target_config, drafter.fc.weight.dtype,
-                            sglang_version=sglang_version)
+    config = serving_config(
+        cfg, target_config, drafter.fc.weight.dtype, sglang_version=sglang_version
+    )
     out_dir = Path(out_dir)
     with atomic_path(out_dir) as tmp:
         tmp.mkdir()
@@ -154,8 +178,13 @@ def export_drafter(drafter: Eagle3Drafter, cfg: Eagle3Config, out_dir: Path | st
     return out_dir
 
 
-def check_export(out_dir: Path | str, target_config: Any, trained_hf_indices: list[int], *,
-                 sglang_version: str | None = None) -> None:
+def check_export(
+    out_dir: Path | str,
+    target_config: Any,
+    trained_hf_indices: list[int],
+    *,
+    sglang_version: str | None = None,
+) -> None:
     """Raise ExportError listing everything an engine would load wrongly from `out_dir`: among
     them, layer ids that make vLLM, or SGLang at `sglang_version` (None: at any known version),
     capture other hidden states than `trained_hf_indices`."""
@@ -165,8 +194,9 @@ def check_export(out_dir: Path | str, target_config: Any, trained_hf_indices: li
         raise ExportError(f"{out_dir}: missing {', '.join(missing_files)}")
     config = json.loads((out_dir / CONFIG_FILE).read_text())
     target = target_facts(target_config)
-    problems = _config_problems(config, target, [int(i) for i in trained_hf_indices],
-                                sglang_version)
+    problems = _config_problems(
+        config, target, [int(i) for i in trained_hf_indices], sglang_version
+    )
     try:
         cfg = config_from_json(config)
     except (KeyError, TypeError, ValueError) as e:
@@ -174,63 +204,91 @@ def check_export(out_dir: Path | str, target_config: Any, trained_hf_indices: li
     else:
         problems += _weight_problems(out_dir / WEIGHTS_FILE, cfg)
     if problems:
-        raise ExportError(f"{out_dir} would load wrongly in the serving engines:\n  - "
-                          + "\n  - ".join(problems))
+        raise ExportError(
+            f"{out_dir} would load wrongly in the serving engines:\n  - " + "\n  - ".join(problems)
+        )
 
 
-def _config_problems(config: dict, target: TargetFacts, trained: list[int],
-                     sglang_version: str | None) -> list[str]:
+def _config_problems(
+    config: dict, target: TargetFacts, trained: list[int], sglang_version: str | None
+) -> list[str]:
     expect = {
-        "architectures": [ARCHITECTURE], "model_type": "llama", "num_hidden_layers": 1,
-        "tie_word_embeddings": False, "norm_before_residual": False, "hidden_act": "silu",
-        "vocab_size": target.vocab_size, "target_hidden_size": target.hidden_size,
+        "architectures": [ARCHITECTURE],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "tie_word_embeddings": False,
+        "norm_before_residual": False,
+        "hidden_act": "silu",
+        "vocab_size": target.vocab_size,
+        "target_hidden_size": target.hidden_size,
     }
-    problems = [f"config.json: {key} is {config.get(key)!r}, expected {value!r}"
-                for key, value in expect.items() if config.get(key) != value]
+    problems = [
+        f"config.json: {key} is {config.get(key)!r}, expected {value!r}"
+        for key, value in expect.items()
+        if config.get(key) != value
+    ]
     if config.get("hidden_size") != target.hidden_size:
-        problems.append(f"config.json: hidden_size {config.get('hidden_size')} differs from the "
-                        f"target's {target.hidden_size}; the draft has no embed_tokens and SGLang "
-                        f"shares the target's embedding only at equal widths")
+        problems.append(
+            f"config.json: hidden_size {config.get('hidden_size')} differs from the "
+            f"target's {target.hidden_size}; the draft has no embed_tokens and SGLang "
+            f"shares the target's embedding only at equal widths"
+        )
     if not isinstance(config.get("draft_vocab_size"), int):
-        problems.append(f"config.json: draft_vocab_size is {config.get('draft_vocab_size')!r}; "
-                        f"null makes SGLang drop the trained lm_head")
+        problems.append(
+            f"config.json: draft_vocab_size is {config.get('draft_vocab_size')!r}; "
+            f"null makes SGLang drop the trained lm_head"
+        )
     max_pos = config.get("max_position_embeddings") or 0
     if max_pos < target.max_position_embeddings:
-        problems.append(f"config.json: max_position_embeddings {max_pos} is below the target's "
-                        f"{target.max_position_embeddings}; positions past it get no rotary "
-                        f"angles at serving time")
+        problems.append(
+            f"config.json: max_position_embeddings {max_pos} is below the target's "
+            f"{target.max_position_embeddings}; positions past it get no rotary "
+            f"angles at serving time"
+        )
     eagle = config.get("eagle_config") or {}
     if eagle.get("use_aux_hidden_state") is not True:
         problems.append("config.json: eagle_config.use_aux_hidden_state must be true")
     if len(trained) != ENGINE_NUM_AUX:
-        problems.append(f"trained on {len(trained)} target layers; the engines feed exactly "
-                        f"{ENGINE_NUM_AUX}")
+        problems.append(
+            f"trained on {len(trained)} target layers; the engines feed exactly {ENGINE_NUM_AUX}"
+        )
     recorded = (config.get(PROJECT_KEY) or {}).get("aux_hidden_state_hf_indices")
     if recorded != trained:
-        problems.append(f"config.json: {PROJECT_KEY}.aux_hidden_state_hf_indices is {recorded}, "
-                        f"trained on {trained}")
+        problems.append(
+            f"config.json: {PROJECT_KEY}.aux_hidden_state_hf_indices is {recorded}, "
+            f"trained on {trained}"
+        )
     sglang_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     vllm_ids = config.get("eagle_aux_hidden_state_layer_ids")
     n = target.num_hidden_layers
     versions = f"version {sglang_version}" if sglang_version else "every known version"
     written_for = (config.get(PROJECT_KEY) or {}).get("sglang_version")
-    hint = (f" (written for SGLang {written_for}: check with sglang_version={written_for!r})"
-            if written_for and not sglang_version else "")
+    hint = (
+        f" (written for SGLang {written_for}: check with sglang_version={written_for!r})"
+        if written_for and not sglang_version
+        else ""
+    )
     try:
         # the same table serving_layer_ids wrote them by; raises when versions capture differently
         sglang = sglang_captured_indices(target.architecture, sglang_ids, n, sglang_version)
     except ValueError as e:
-        problems.append(f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids: {e}; "
-                        f"trained on {trained}{hint}")
+        problems.append(
+            f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids: {e}; "
+            f"trained on {trained}{hint}"
+        )
     else:
         if sglang != trained:
-            problems.append(f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids "
-                            f"{sglang_ids} make SGLang capture HF hidden states {sglang} of "
-                            f"{target.architecture} ({versions}), trained on {trained}{hint}")
+            problems.append(
+                f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids "
+                f"{sglang_ids} make SGLang capture HF hidden states {sglang} of "
+                f"{target.architecture} ({versions}), trained on {trained}{hint}"
+            )
     vllm = vllm_captured_indices(vllm_ids, n)
     if vllm != trained:
-        problems.append(f"config.json: eagle_aux_hidden_state_layer_ids {vllm_ids} make vLLM "
-                        f"capture HF hidden states {vllm}, trained on {trained}")
+        problems.append(
+            f"config.json: eagle_aux_hidden_state_layer_ids {vllm_ids} make vLLM "
+            f"capture HF hidden states {vllm}, trained on {trained}"
+        )
     return problems
 
 
@@ -243,8 +301,10 @@ def _weight_problems(path: Path, cfg: Eagle3Config) -> list[str]:
         if key.startswith("model."):
             problems.append(f"{path.name}: key {key} has a `model.` prefix (vLLM adds it itself)")
         if "embed_tokens" in key:
-            problems.append(f"{path.name}: key {key}: the draft must not carry an embedding, the "
-                            f"engines use the target's")
+            problems.append(
+                f"{path.name}: key {key}: the draft must not carry an embedding, the "
+                f"engines use the target's"
+            )
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing:

@@ -31,25 +31,29 @@ No single id list serves both engines for Llama-style targets, but they read dif
 the exported config carries one list for each (see export.py). Captures are concatenated in layer
 order, so indices must be ascending, and lie in 1..N-1.
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
-Ids = Optional[list]   # ids as written in a config (None: none written)
+Ids = list | None  # ids as written in a config (None: none written)
 
 
 def default_aux_indices(num_layers: int) -> list[int]:
     """HF hidden_states indices of EAGLE-3's default capture: layers 2, N // 2 and N - 3."""
     indices = [2, num_layers // 2, num_layers - 3]
     if not indices[0] < indices[1] < indices[2]:
-        raise ValueError(f"a target with {num_layers} layers has no three distinct default "
-                         f"capture layers ({indices}); give the aux indices explicitly")
+        raise ValueError(
+            f"a target with {num_layers} layers has no three distinct default "
+            f"capture layers ({indices}); give the aux indices explicitly"
+        )
     return indices
 
 
 # --- rules: written ids -> captured HF indices (ids already known to be non-empty) -------------
+
 
 def _plus_one(ids: list[int]) -> list[int]:
     return [i + 1 for i in ids]
@@ -65,8 +69,8 @@ def _as_written(ids: list[int]) -> list[int]:
 
 @dataclass(frozen=True)
 class Rule:
-    text: str                                             # for messages
-    captured: Callable[[list[int]], list[int]] | None     # None: the engine captures nothing
+    text: str  # for messages
+    captured: Callable[[list[int]], list[int]] | None  # None: the engine captures nothing
 
 
 PLUS_ONE = Rule("id + 1", _plus_one)
@@ -79,6 +83,7 @@ NOT_PASSED_ON = Rule("ids not passed on to the model: no EAGLE-3 capture", None)
 class Convention:
     """One row of the table: `rule` holds for `engine` serving a target of `family` at versions
     `since` (inclusive, None: every earlier one) up to `before` (exclusive, None: every later)."""
+
     engine: str
     family: str
     since: str | None
@@ -87,8 +92,9 @@ class Convention:
 
     def covers(self, version: str) -> bool:
         v = parse_version(version)
-        return ((self.since is None or parse_version(self.since) <= v)
-                and (self.before is None or v < parse_version(self.before)))
+        return (self.since is None or parse_version(self.since) <= v) and (
+            self.before is None or v < parse_version(self.before)
+        )
 
     @property
     def versions(self) -> str:
@@ -104,13 +110,13 @@ class Convention:
 SGLANG, VLLM = "SGLang", "vLLM"
 CAPTURE_TABLE: tuple[Convention, ...] = (
     #          engine  family         since     before    written ids -> captured HF indices
-    Convention(SGLANG, "llama",       None,     None,     PLUS_ONE),
-    Convention(SGLANG, "deepseek_v2", None,     "0.5.13", PLUS_ONE),
-    Convention(SGLANG, "deepseek_v2", "0.5.13", None,     PLUS_ONE_IF_FIRST_IS_ONE),
-    Convention(SGLANG, "kimi_k25",    None,     "0.5.10", NOT_PASSED_ON),
-    Convention(SGLANG, "kimi_k25",    "0.5.10", "0.5.13", PLUS_ONE),
-    Convention(SGLANG, "kimi_k25",    "0.5.13", None,     PLUS_ONE_IF_FIRST_IS_ONE),
-    Convention(VLLM,   "any",         None,     None,     AS_WRITTEN),
+    Convention(SGLANG, "llama", None, None, PLUS_ONE),
+    Convention(SGLANG, "deepseek_v2", None, "0.5.13", PLUS_ONE),
+    Convention(SGLANG, "deepseek_v2", "0.5.13", None, PLUS_ONE_IF_FIRST_IS_ONE),
+    Convention(SGLANG, "kimi_k25", None, "0.5.10", NOT_PASSED_ON),
+    Convention(SGLANG, "kimi_k25", "0.5.10", "0.5.13", PLUS_ONE),
+    Convention(SGLANG, "kimi_k25", "0.5.13", None, PLUS_ONE_IF_FIRST_IS_ONE),
+    Convention(VLLM, "any", None, None, AS_WRITTEN),
 )
 
 # Family by the target's architecture name (lower case, without "_" and "-"), first match wins:
@@ -140,13 +146,14 @@ def sglang_family(architecture: str) -> str:
     for family, patterns in SGLANG_FAMILIES:
         if any(p in name for p in patterns):
             return family
-    raise ValueError(f"target architecture {architecture!r}: unknown SGLang layer-id convention; "
-                     f"read its model's set_eagle3_layers_to_capture and add the family to "
-                     f"stages/drafter/layers.py")
+    raise ValueError(
+        f"target architecture {architecture!r}: unknown SGLang layer-id convention; "
+        f"read its model's set_eagle3_layers_to_capture and add the family to "
+        f"stages/drafter/layers.py"
+    )
 
 
-def sglang_conventions(architecture: str,
-                       sglang_version: str | None = None) -> list[Convention]:
+def sglang_conventions(architecture: str, sglang_version: str | None = None) -> list[Convention]:
     """The rows that apply: the one covering `sglang_version`, or (None) every version range that
     can serve an EAGLE-3 drafter for this target. A named version that cannot raises."""
     family = sglang_family(architecture)
@@ -155,9 +162,11 @@ def sglang_conventions(architecture: str,
         return [c for c in rows if c.rule.captured is not None]
     row = next(c for c in rows if c.covers(sglang_version))
     if row.rule.captured is None:
-        raise ValueError(f"{architecture} on SGLang {sglang_version}: {row.rule.text} "
-                         f"({row.versions}); serve it with SGLang {_first_capturing(rows)} or "
-                         f"later")
+        raise ValueError(
+            f"{architecture} on SGLang {sglang_version}: {row.rule.text} "
+            f"({row.versions}); serve it with SGLang {_first_capturing(rows)} or "
+            f"later"
+        )
     return [row]
 
 
@@ -171,25 +180,31 @@ def _captured(row: Convention, layer_ids: Ids, num_layers: int) -> list[int]:
     return row.rule.captured([int(i) for i in layer_ids])
 
 
-def sglang_captured_by_version(architecture: str, layer_ids: Ids, num_layers: int,
-                               sglang_version: str | None = None) -> dict[str, list[int]]:
+def sglang_captured_by_version(
+    architecture: str, layer_ids: Ids, num_layers: int, sglang_version: str | None = None
+) -> dict[str, list[int]]:
     """Version range -> the HF hidden_states indices SGLang feeds the draft for `layer_ids`
     (the ids in eagle_config), for the named version or every version range that can serve."""
-    return {row.versions: _captured(row, layer_ids, num_layers)
-            for row in sglang_conventions(architecture, sglang_version)}
+    return {
+        row.versions: _captured(row, layer_ids, num_layers)
+        for row in sglang_conventions(architecture, sglang_version)
+    }
 
 
-def sglang_captured_indices(architecture: str, layer_ids: Ids, num_layers: int,
-                            sglang_version: str | None = None) -> list[int]:
+def sglang_captured_indices(
+    architecture: str, layer_ids: Ids, num_layers: int, sglang_version: str | None = None
+) -> list[int]:
     """The HF hidden_states indices SGLang feeds the draft for the ids written in its config, at
     `sglang_version`, or (None) at every known version; raises when versions capture differently.
     """
     by_version = sglang_captured_by_version(architecture, layer_ids, num_layers, sglang_version)
     distinct = {tuple(v) for v in by_version.values()}
     if len(distinct) > 1:
-        raise ValueError(f"{architecture}: SGLang ids {layer_ids} capture different HF hidden "
-                         f"states on different SGLang versions: {_listing(by_version)}; write ids "
-                         f"for one version (sglang_version) or ids every version reads alike")
+        raise ValueError(
+            f"{architecture}: SGLang ids {layer_ids} capture different HF hidden "
+            f"states on different SGLang versions: {_listing(by_version)}; write ids "
+            f"for one version (sglang_version) or ids every version reads alike"
+        )
     return list(distinct.pop())
 
 
@@ -207,8 +222,12 @@ def _listing(by_version: dict[str, object]) -> str:
     return "; ".join(f"{versions}: {value}" for versions, value in by_version.items())
 
 
-def serving_layer_ids(architecture: str, hf_indices: list[int], num_layers: int | None = None,
-                      sglang_version: str | None = None) -> dict[str, list[int]]:
+def serving_layer_ids(
+    architecture: str,
+    hf_indices: list[int],
+    num_layers: int | None = None,
+    sglang_version: str | None = None,
+) -> dict[str, list[int]]:
     """The ids to write so each engine captures exactly HF hidden_states[hf_indices].
 
     Returns {"sglang": ids for eagle_config.eagle_aux_hidden_state_layer_ids,
@@ -220,30 +239,42 @@ def serving_layer_ids(architecture: str, hf_indices: list[int], num_layers: int 
     """
     hf_indices = [int(i) for i in hf_indices]
     if any(b <= a for a, b in zip(hf_indices, hf_indices[1:])) or not hf_indices:
-        raise ValueError(f"aux indices {hf_indices} must be distinct and ascending: the engines "
-                         f"concatenate captures in layer order")
+        raise ValueError(
+            f"aux indices {hf_indices} must be distinct and ascending: the engines "
+            f"concatenate captures in layer order"
+        )
     top = num_layers - 1 if num_layers is not None else None
     if hf_indices[0] < 1 or (top is not None and hf_indices[-1] > top):
-        raise ValueError(f"aux indices {hf_indices} must lie in 1..{top if top else 'N-1'}: the "
-                         f"engines capture the input of a decoder layer, not the embedding "
-                         f"output nor the final normed state")
+        raise ValueError(
+            f"aux indices {hf_indices} must lie in 1..{top if top else 'N-1'}: the "
+            f"engines capture the input of a decoder layer, not the embedding "
+            f"output nor the final normed state"
+        )
     n = num_layers if num_layers is not None else hf_indices[-1] + 1  # only used with no ids
     rows = sglang_conventions(architecture, sglang_version)
     sglang = _ids_serving(rows, hf_indices, n)
     if sglang is not None:
         return {"sglang": sglang, "vllm": _ids_serving([_vllm_convention()], hf_indices, n)}
-    needs = "; ".join(f"{row.versions} needs ids {ids}" if ids is not None else
-                      f"{row.versions} cannot capture them ({row.rule.text})"
-                      for row in rows for ids in [_ids_serving([row], hf_indices, n)])
+    needs = "; ".join(
+        f"{row.versions} needs ids {ids}"
+        if ids is not None
+        else f"{row.versions} cannot capture them ({row.rule.text})"
+        for row in rows
+        for ids in [_ids_serving([row], hf_indices, n)]
+    )
     if sglang_version is not None:
-        raise ValueError(f"{architecture} on SGLang {sglang_version}: no layer ids capture HF "
-                         f"hidden states {hf_indices} ({needs}); start the aux indices at 2 or "
-                         f"more")
+        raise ValueError(
+            f"{architecture} on SGLang {sglang_version}: no layer ids capture HF "
+            f"hidden states {hf_indices} ({needs}); start the aux indices at 2 or "
+            f"more"
+        )
     examples = " or ".join(repr(row.since or _release_before(row.before)) for row in rows)
-    raise ValueError(f"{architecture}: no single SGLang id list captures HF hidden states "
-                     f"{hf_indices} on every SGLang version: {needs}. Name the SGLang version "
-                     f"that will serve the drafter (sglang_version={examples}), or start the aux "
-                     f"indices at 2 or more (ids i - 1, read alike by every version)")
+    raise ValueError(
+        f"{architecture}: no single SGLang id list captures HF hidden states "
+        f"{hf_indices} on every SGLang version: {needs}. Name the SGLang version "
+        f"that will serve the drafter (sglang_version={examples}), or start the aux "
+        f"indices at 2 or more (ids i - 1, read alike by every version)"
+    )
 
 
 def _release_before(version: str | None) -> str:
@@ -253,8 +284,9 @@ def _release_before(version: str | None) -> str:
     return ".".join(map(str, parts))
 
 
-def _ids_serving(rows: list[Convention], hf_indices: list[int],
-                 num_layers: int) -> list[int] | None:
+def _ids_serving(
+    rows: list[Convention], hf_indices: list[int], num_layers: int
+) -> list[int] | None:
     """The id list that every row in `rows` turns into exactly `hf_indices`, or None.
 
     Every rule in the table shifts by 0 or 1, so the indices minus one and the indices themselves

@@ -16,6 +16,7 @@ over a prefix of T positions with causal attention; its keys/values are the pref
 later step k runs at rope position i + k for a query at prefix position i and attends to the
 prefix keys 0..i plus the keys of steps 1..k at that same position i (its own chain).
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
-ROPE_REQUIRED_KEYS = {   # what each scaling type needs (the engines' fallbacks are guesses)
+ROPE_REQUIRED_KEYS = {  # what each scaling type needs (the engines' fallbacks are guesses)
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
@@ -44,6 +45,7 @@ class TargetFacts:
     `head_dim` and `num_key_value_heads` are those of a Llama attention standing in for the
     target's own: the target's for Llama-like targets, derived for MLA ones (`attention_shape`).
     """
+
     architecture: str
     num_hidden_layers: int
     hidden_size: int
@@ -98,15 +100,18 @@ def attention_shape(text_config: Any, heads: int) -> tuple[int, int]:
     if any(_get(text_config, key, None) is not None for key in MLA_FIELDS):
         return int(_require(text_config, "v_head_dim")), heads
     hidden = int(_require(text_config, "hidden_size"))
-    return (int(_get(text_config, "head_dim", None) or hidden // heads),
-            int(_get(text_config, "num_key_value_heads", None) or heads))
+    return (
+        int(_get(text_config, "head_dim", None) or hidden // heads),
+        int(_get(text_config, "num_key_value_heads", None) or heads),
+    )
 
 
 def _require(config: Any, key: str):
     value = _get(config, key, None)
     if value is None:
-        raise ValueError(f"target config: `{key}` is missing; the draft layer copies the "
-                         f"target's shapes from it")
+        raise ValueError(
+            f"target config: `{key}` is missing; the draft layer copies the target's shapes from it"
+        )
     return value
 
 
@@ -137,6 +142,7 @@ def rope_fields(config: Any) -> tuple[float, dict | None]:
 @dataclass(frozen=True)
 class Eagle3Config:
     """Shapes of the draft model; `aux_layer_ids` are the HF `hidden_states` indices trained on."""
+
     hidden_size: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -157,17 +163,24 @@ class Eagle3Config:
         object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
         problems = []
         if len(self.aux_layer_ids) != self.num_aux:
-            problems.append(f"aux_layer_ids {list(self.aux_layer_ids)} must hold num_aux="
-                            f"{self.num_aux} indices")
+            problems.append(
+                f"aux_layer_ids {list(self.aux_layer_ids)} must hold num_aux={self.num_aux} indices"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            problems.append(f"num_attention_heads {self.num_attention_heads} is not a multiple "
-                            f"of num_key_value_heads {self.num_key_value_heads}")
+            problems.append(
+                f"num_attention_heads {self.num_attention_heads} is not a multiple "
+                f"of num_key_value_heads {self.num_key_value_heads}"
+            )
         if not 0 < self.draft_vocab_size <= self.vocab_size:
-            problems.append(f"draft_vocab_size {self.draft_vocab_size} must be in "
-                            f"1..vocab_size ({self.vocab_size})")
+            problems.append(
+                f"draft_vocab_size {self.draft_vocab_size} must be in "
+                f"1..vocab_size ({self.vocab_size})"
+            )
         if self.num_aux * self.target_hidden_size == self.hidden_size:
-            problems.append("num_aux * target_hidden_size equals hidden_size: the first step "
-                            "(fc) could not be told from a chain step by width")
+            problems.append(
+                "num_aux * target_hidden_size equals hidden_size: the first step "
+                "(fc) could not be told from a chain step by width"
+            )
         if self.hidden_act != "silu":
             problems.append(f"hidden_act {self.hidden_act!r}: the serving engines only run silu")
         problems += _rope_problems(self.rope_scaling)
@@ -175,8 +188,14 @@ class Eagle3Config:
             raise ValueError("Eagle3Config: " + "; ".join(problems))
 
     @classmethod
-    def from_target(cls, target_config: Any, draft_vocab_size: int, aux_hf_indices: list[int],
-                    rope: str = "mirror", **overrides) -> "Eagle3Config":
+    def from_target(
+        cls,
+        target_config: Any,
+        draft_vocab_size: int,
+        aux_hf_indices: list[int],
+        rope: str = "mirror",
+        **overrides,
+    ) -> Eagle3Config:
         """Mirror a target layer (the draft layer is one more layer of the target's kind).
 
         rope="mirror" keeps the target's rope_theta and rope_scaling; rope="plain" keeps its
@@ -185,43 +204,61 @@ class Eagle3Config:
         max_position_embeddings, never lower it below the target's.
         """
         if rope not in ROPE_CHOICES:
-            raise ValueError(f"Eagle3Config.from_target: rope={rope!r}; choose one of "
-                             f"{', '.join(map(repr, ROPE_CHOICES))}")
+            raise ValueError(
+                f"Eagle3Config.from_target: rope={rope!r}; choose one of "
+                f"{', '.join(map(repr, ROPE_CHOICES))}"
+            )
         if rope == "plain" and overrides.get("rope_scaling") is not None:
-            raise ValueError("Eagle3Config.from_target: rope='plain' drops rope_scaling; pass "
-                             "rope='mirror' to set rope_scaling yourself")
+            raise ValueError(
+                "Eagle3Config.from_target: rope='plain' drops rope_scaling; pass "
+                "rope='mirror' to set rope_scaling yourself"
+            )
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"Eagle3Config.from_target: unknown overrides {sorted(unknown)}")
         t = target_facts(target_config)
         values = dict(
-            hidden_size=t.hidden_size, num_attention_heads=t.num_attention_heads,
-            num_key_value_heads=t.num_key_value_heads, head_dim=t.head_dim,
-            intermediate_size=t.intermediate_size, rms_norm_eps=t.rms_norm_eps,
-            rope_theta=t.rope_theta, rope_scaling=t.rope_scaling if rope == "mirror" else None,
-            max_position_embeddings=t.max_position_embeddings, vocab_size=t.vocab_size,
-            draft_vocab_size=draft_vocab_size, target_hidden_size=t.hidden_size,
-            aux_layer_ids=tuple(aux_hf_indices), num_aux=len(aux_hf_indices),
+            hidden_size=t.hidden_size,
+            num_attention_heads=t.num_attention_heads,
+            num_key_value_heads=t.num_key_value_heads,
+            head_dim=t.head_dim,
+            intermediate_size=t.intermediate_size,
+            rms_norm_eps=t.rms_norm_eps,
+            rope_theta=t.rope_theta,
+            rope_scaling=t.rope_scaling if rope == "mirror" else None,
+            max_position_embeddings=t.max_position_embeddings,
+            vocab_size=t.vocab_size,
+            draft_vocab_size=draft_vocab_size,
+            target_hidden_size=t.hidden_size,
+            aux_layer_ids=tuple(aux_hf_indices),
+            num_aux=len(aux_hf_indices),
         )
         values.update(overrides)
         if values["max_position_embeddings"] < t.max_position_embeddings:
-            raise ValueError(f"Eagle3Config.from_target: max_position_embeddings "
-                             f"{values['max_position_embeddings']} is below the target's "
-                             f"{t.max_position_embeddings}; the engines size the draft's rotary "
-                             f"table by it, so drafts past that position go wrong and acceptance "
-                             f"drops on long contexts. Drop the override or set it to at least "
-                             f"{t.max_position_embeddings}")
+            raise ValueError(
+                f"Eagle3Config.from_target: max_position_embeddings "
+                f"{values['max_position_embeddings']} is below the target's "
+                f"{t.max_position_embeddings}; the engines size the draft's rotary "
+                f"table by it, so drafts past that position go wrong and acceptance "
+                f"drops on long contexts. Drop the override or set it to at least "
+                f"{t.max_position_embeddings}"
+            )
         return cls(**values)
 
 
 def _rope_problems(scaling: dict | None) -> list[str]:
     rope_type = (scaling or {}).get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        return [f"rope_scaling type {rope_type!r} is not implemented here "
-                f"({', '.join(SUPPORTED_ROPE_TYPES)}); use rope='plain' in from_target (or "
-                f"rope_scaling=None) to train the draft layer with plain RoPE"]
-    return [f"rope_scaling ({rope_type}) has no `{key}`; add it (the target's config names it)"
-            for key in ROPE_REQUIRED_KEYS.get(rope_type, ()) if scaling.get(key) is None]
+        return [
+            f"rope_scaling type {rope_type!r} is not implemented here "
+            f"({', '.join(SUPPORTED_ROPE_TYPES)}); use rope='plain' in from_target (or "
+            f"rope_scaling=None) to train the draft layer with plain RoPE"
+        ]
+    return [
+        f"rope_scaling ({rope_type}) has no `{key}`; add it (the target's config names it)"
+        for key in ROPE_REQUIRED_KEYS.get(rope_type, ())
+        if scaling.get(key) is None
+    ]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
@@ -274,7 +311,7 @@ def _yarn_inv_freq(d: int, theta: float, scaling: dict) -> Tensor:
         high += 0.001
     ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
     keep = (1 - ramp) * scaling.get("extrapolation_factor", 1)
-    periods = theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)      # 1 / f_i
+    periods = theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d)  # 1 / f_i
     return 1.0 / (factor * periods) * (1 - keep) + 1.0 / periods * keep
 
 
@@ -297,8 +334,11 @@ def rope_magnitude(scaling: dict | None) -> float:
     """
     if (scaling or {}).get("rope_type") != "yarn":
         return 1.0
-    factor, mscale, mscale_all_dim = (scaling["factor"], scaling.get("mscale"),
-                                      scaling.get("mscale_all_dim"))
+    factor, mscale, mscale_all_dim = (
+        scaling["factor"],
+        scaling.get("mscale"),
+        scaling.get("mscale_all_dim"),
+    )
     if mscale is not None and mscale_all_dim is not None:
         magnitude = _yarn_get_mscale(factor, mscale) / _yarn_get_mscale(factor, mscale_all_dim)
     else:
@@ -308,6 +348,7 @@ def rope_magnitude(scaling: dict | None) -> float:
 
 class Rope(NamedTuple):
     """How q and k are rotated: fp32 inverse frequencies and the cos/sin magnitude."""
+
     inv_freq: Tensor
     magnitude: float = 1.0
 
@@ -343,26 +384,38 @@ class DraftKV:
     `query_index[q]` is the prefix position of query q; `chain_k[j]` holds the keys of chain step
     j + 1 for every query, so chain attention is a per-query dot product, never a T x T mask.
     """
-    prefix_k: Tensor              # [B, kv_heads, T, head_dim]
+
+    prefix_k: Tensor  # [B, kv_heads, T, head_dim]
     prefix_v: Tensor
-    key_mask: Tensor              # [B, T] bool: prefix positions that may be attended
-    query_index: Tensor           # [Q] int64
-    chain_k: list[Tensor] = field(default_factory=list)   # each [B, kv_heads, Q, head_dim]
+    key_mask: Tensor  # [B, T] bool: prefix positions that may be attended
+    query_index: Tensor  # [Q] int64
+    chain_k: list[Tensor] = field(default_factory=list)  # each [B, kv_heads, Q, head_dim]
     chain_v: list[Tensor] = field(default_factory=list)
 
     @property
     def chain_length(self) -> int:
         return len(self.chain_k)
 
-    def with_chain(self, k: Tensor, v: Tensor) -> "DraftKV":
-        return DraftKV(self.prefix_k, self.prefix_v, self.key_mask, self.query_index,
-                       self.chain_k + [k], self.chain_v + [v])
+    def with_chain(self, k: Tensor, v: Tensor) -> DraftKV:
+        return DraftKV(
+            self.prefix_k,
+            self.prefix_v,
+            self.key_mask,
+            self.query_index,
+            self.chain_k + [k],
+            self.chain_v + [v],
+        )
 
-    def select_queries(self, index: Tensor) -> "DraftKV":
+    def select_queries(self, index: Tensor) -> DraftKV:
         """Keep only the queries at `index` (e.g. the last prefix position for decoding)."""
-        return DraftKV(self.prefix_k, self.prefix_v, self.key_mask, self.query_index[index],
-                       [k[:, :, index] for k in self.chain_k],
-                       [v[:, :, index] for v in self.chain_v])
+        return DraftKV(
+            self.prefix_k,
+            self.prefix_v,
+            self.key_mask,
+            self.query_index[index],
+            [k[:, :, index] for k in self.chain_k],
+            [v[:, :, index] for v in self.chain_v],
+        )
 
 
 class Attention(nn.Module):
@@ -370,15 +423,19 @@ class Attention(nn.Module):
 
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
-        self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
-                                                    cfg.num_key_value_heads, cfg.head_dim)
+        self.heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         self.q_proj = nn.Linear(2 * cfg.hidden_size, self.heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x: Tensor, rope: Rope, kv: DraftKV | None,
-                key_mask: Tensor | None) -> tuple[Tensor, DraftKV]:
+    def forward(
+        self, x: Tensor, rope: Rope, kv: DraftKV | None, key_mask: Tensor | None
+    ) -> tuple[Tensor, DraftKV]:
         B, Q, _ = x.shape
         q = self.q_proj(x).view(B, Q, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, Q, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -390,9 +447,10 @@ class Attention(nn.Module):
             k = apply_rope(k, positions, rope)
             kv = DraftKV(k, v, key_mask.bool(), positions)
         else:  # chain step: every query extends its own chain by one position
-            if Q != kv.query_index.numel():
-                raise ValueError(f"chain step got {Q} queries, the cache tracks "
-                                 f"{kv.query_index.numel()}")
+            if kv.query_index.numel() != Q:
+                raise ValueError(
+                    f"chain step got {Q} queries, the cache tracks {kv.query_index.numel()}"
+                )
             positions = kv.query_index + kv.chain_length + 1
             kv = kv.with_chain(apply_rope(k, positions, rope), v)
         q = apply_rope(q, positions, rope)
@@ -405,14 +463,14 @@ def attend(q: Tensor, kv: DraftKV) -> Tensor:
     B, H, Q, d = q.shape
     kv_heads, T = kv.prefix_k.shape[1], kv.prefix_k.shape[2]
     qg = q.view(B, kv_heads, H // kv_heads, Q, d)
-    scale = d ** -0.5
+    scale = d**-0.5
     scores = torch.einsum("bhgqd,bhtd->bhgqt", qg, kv.prefix_k) * scale
     keys = torch.arange(T, device=q.device)
-    causal = keys[None, :] <= kv.query_index[:, None]                        # [Q, T]
+    causal = keys[None, :] <= kv.query_index[:, None]  # [Q, T]
     allowed = (causal[None] & kv.key_mask[:, None, :]) | (keys[None, :] == kv.query_index[:, None])
     scores = scores.masked_fill(~allowed[:, None, None], float("-inf"))
     if kv.chain_k:
-        chain_k = torch.stack(kv.chain_k, dim=-2)                             # [B, kvh, Q, C, d]
+        chain_k = torch.stack(kv.chain_k, dim=-2)  # [B, kvh, Q, C, d]
         chain_scores = torch.einsum("bhgqd,bhqcd->bhgqc", qg, chain_k) * scale
         scores = torch.cat([scores, chain_scores], dim=-1)
     probs = scores.float().softmax(dim=-1).to(q.dtype)
@@ -445,8 +503,14 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, embeds: Tensor, hidden: Tensor, rope: Rope, kv: DraftKV | None,
-                key_mask: Tensor | None) -> tuple[Tensor, DraftKV]:
+    def forward(
+        self,
+        embeds: Tensor,
+        hidden: Tensor,
+        rope: Rope,
+        kv: DraftKV | None,
+        key_mask: Tensor | None,
+    ) -> tuple[Tensor, DraftKV]:
         residual = hidden
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
         x, kv = self.self_attn(x, rope, kv, key_mask)
@@ -456,8 +520,8 @@ class DraftLayer(nn.Module):
 
 
 class DraftStep(NamedTuple):
-    logits: Tensor   # [B, Q, draft_vocab]
-    out: Tensor      # [B, Q, hidden], before the final norm: the next step's hidden state
+    logits: Tensor  # [B, Q, draft_vocab]
+    out: Tensor  # [B, Q, hidden], before the final norm: the next step's hidden state
     kv: DraftKV
 
 
@@ -483,9 +547,11 @@ class Eagle3Drafter(nn.Module):
     def set_vocab(self, d2t: Tensor, t2d: Tensor) -> None:
         """Install the draft vocabulary mapping (target_id = i + d2t[i]; t2d marks kept ids)."""
         if d2t.shape != self.d2t.shape or t2d.shape != self.t2d.shape:
-            raise ValueError(f"set_vocab: d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} do not "
-                             f"fit draft_vocab_size {self.cfg.draft_vocab_size} / vocab_size "
-                             f"{self.cfg.vocab_size}")
+            raise ValueError(
+                f"set_vocab: d2t {tuple(d2t.shape)} / t2d {tuple(t2d.shape)} do not "
+                f"fit draft_vocab_size {self.cfg.draft_vocab_size} / vocab_size "
+                f"{self.cfg.vocab_size}"
+            )
         if not torch.equal(t2d.bool().nonzero().flatten().cpu(), self.draft_ids(d2t).cpu()):
             raise ValueError("set_vocab: t2d does not mark exactly the ids i + d2t[i] (ascending)")
         self.d2t.copy_(d2t)
@@ -496,8 +562,13 @@ class Eagle3Drafter(nn.Module):
         d2t = self.d2t if d2t is None else d2t
         return torch.arange(d2t.numel(), device=d2t.device) + d2t
 
-    def step(self, embeds: Tensor, hidden: Tensor, kv: DraftKV | None = None,
-             key_mask: Tensor | None = None) -> DraftStep:
+    def step(
+        self,
+        embeds: Tensor,
+        hidden: Tensor,
+        kv: DraftKV | None = None,
+        key_mask: Tensor | None = None,
+    ) -> DraftStep:
         """One draft step, shared by training and decoding.
 
         embeds: [B, Q, hidden] embeddings of the tokens this step reads.

@@ -13,10 +13,12 @@ The first generated token comes from the target's prefill, before any draft exis
 part of a verify step: tau here is (generated tokens - 1) / verify steps. SGLang's
 `spec_accept_length` counts it (completion_tokens / spec_verify_ct), 1 / verify_steps higher.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -25,18 +27,25 @@ from .model import Eagle3Drafter, embed_tokens
 
 
 class Proposal(NamedTuple):
-    tokens: list[int]       # drafted target ids
-    probs: Tensor | None    # [len(tokens), vocab] distribution each was sampled from (T > 0)
+    tokens: list[int]  # drafted target ids
+    probs: Tensor | None  # [len(tokens), vocab] distribution each was sampled from (T > 0)
 
 
 class Proposer(Protocol):
-    def propose(self, ids: Tensor, aux: Tensor, num_steps: int, temperature: float,
-                generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self,
+        ids: Tensor,
+        aux: Tensor,
+        num_steps: int,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> Proposal:
         """Draft after `ids` [L + 1]; `aux` [1, L, num_aux * H] holds the features of ids[:L]."""
 
 
-def choose(logits: Tensor, temperature: float,
-           generator: torch.Generator | None) -> tuple[int, Tensor | None]:
+def choose(
+    logits: Tensor, temperature: float, generator: torch.Generator | None
+) -> tuple[int, Tensor | None]:
     """(index, distribution sampled from): argmax at temperature 0, else a softmax sample."""
     if temperature <= 0:
         return int(logits.argmax()), None
@@ -51,8 +60,14 @@ class Eagle3Proposer:
         self.drafter, self.embed = drafter, embed
 
     @torch.no_grad()
-    def propose(self, ids: Tensor, aux: Tensor, num_steps: int, temperature: float,
-                generator: torch.Generator | None) -> Proposal:
+    def propose(
+        self,
+        ids: Tensor,
+        aux: Tensor,
+        num_steps: int,
+        temperature: float,
+        generator: torch.Generator | None,
+    ) -> Proposal:
         d = self.drafter
         dtype, draft_ids = d.fc.weight.dtype, d.draft_ids().cpu()
         step = d.step(embed_tokens(self.embed, ids[None, 1:]).to(dtype), aux.to(dtype))
@@ -71,15 +86,17 @@ class Eagle3Proposer:
         return Proposal(tokens, torch.stack(probs) if probs else None)
 
 
-def target_forward(target: nn.Module, ids: Tensor,
-                   aux_indices: Sequence[int]) -> tuple[Tensor, Tensor]:
+def target_forward(
+    target: nn.Module, ids: Tensor, aux_indices: Sequence[int]
+) -> tuple[Tensor, Tensor]:
     """(logits [L, vocab], aux [1, L, len(aux_indices) * H]) of the target over `ids` [L]."""
     out = target(input_ids=ids[None], output_hidden_states=True, use_cache=False)
     return out.logits[0], torch.cat([out.hidden_states[i] for i in aux_indices], dim=-1)
 
 
-def verify_proposal(logits: Tensor, proposal: Proposal, temperature: float,
-                    generator: torch.Generator | None) -> tuple[int, int]:
+def verify_proposal(
+    logits: Tensor, proposal: Proposal, temperature: float, generator: torch.Generator | None
+) -> tuple[int, int]:
     """(drafts accepted, next token) from target logits [num_drafts + 1, vocab].
 
     Row j scores draft j; the row after the last accepted draft gives the correction or bonus.
@@ -106,8 +123,8 @@ def verify_proposal(logits: Tensor, proposal: Proposal, temperature: float,
 
 @dataclass
 class SpecResult:
-    output_ids: list[int]   # generated tokens, stop token included
-    accepted: list[int]     # drafts accepted at each verify step
+    output_ids: list[int]  # generated tokens, stop token included
+    accepted: list[int]  # drafts accepted at each verify step
     num_steps: int
 
     @property
@@ -121,11 +138,18 @@ class SpecResult:
 
 
 @torch.no_grad()
-def speculative_generate(target: nn.Module, drafter: Eagle3Drafter | Proposer,
-                         embed: nn.Embedding | Tensor | None, prompt_ids: Sequence[int] | Tensor,
-                         max_new_tokens: int, num_steps: int = 3, temperature: float = 0.0,
-                         stop_ids: Sequence[int] = (), generator: torch.Generator | None = None,
-                         aux_indices: Sequence[int] | None = None) -> SpecResult:
+def speculative_generate(
+    target: nn.Module,
+    drafter: Eagle3Drafter | Proposer,
+    embed: nn.Embedding | Tensor | None,
+    prompt_ids: Sequence[int] | Tensor,
+    max_new_tokens: int,
+    num_steps: int = 3,
+    temperature: float = 0.0,
+    stop_ids: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+    aux_indices: Sequence[int] | None = None,
+) -> SpecResult:
     """Generate with chain speculative decoding; at temperature 0 the output is the target's
     greedy output. `drafter` is an Eagle3Drafter (used with `embed`) or any Proposer."""
     if max_new_tokens < 1:
@@ -145,10 +169,9 @@ def speculative_generate(target: nn.Module, drafter: Eagle3Drafter | Proposer,
         proposal = proposer.propose(ids, aux, num_steps, temperature, generator)
         candidate = torch.cat([ids, ids.new_tensor(proposal.tokens)])
         logits, candidate_aux = target_forward(target, candidate, aux_indices)
-        n, next_token = verify_proposal(logits[ids.numel() - 1:], proposal, temperature,
-                                        generator)
+        n, next_token = verify_proposal(logits[ids.numel() - 1 :], proposal, temperature, generator)
         result.accepted.append(n)
-        aux = candidate_aux[:, : ids.numel() + n]   # the new last token has no features yet
+        aux = candidate_aux[:, : ids.numel() + n]  # the new last token has no features yet
         new = proposal.tokens[:n] + [next_token]
         ids = torch.cat([ids, ids.new_tensor(new)])
         for token in new:
@@ -159,11 +182,11 @@ def speculative_generate(target: nn.Module, drafter: Eagle3Drafter | Proposer,
 
 @dataclass
 class AcceptanceStats:
-    tau: float                     # generated tokens per verify step, bonus included
-    conditional: list[float]       # P(draft j accepted | drafts before it accepted), j = 1..n
-    unconditional: list[float]     # P(drafts 1..j all accepted)
+    tau: float  # generated tokens per verify step, bonus included
+    conditional: list[float]  # P(draft j accepted | drafts before it accepted), j = 1..n
+    unconditional: list[float]  # P(drafts 1..j all accepted)
     verify_steps: int
-    tokens: int                    # tokens produced by verify steps
+    tokens: int  # tokens produced by verify steps
 
 
 def acceptance_stats(results: Sequence[SpecResult]) -> AcceptanceStats:
@@ -178,7 +201,9 @@ def acceptance_stats(results: Sequence[SpecResult]) -> AcceptanceStats:
         tau=_ratio(tokens, verify),
         conditional=[_ratio(reached[j], reached[j - 1]) for j in range(1, len(reached))],
         unconditional=[_ratio(reached[j], verify) for j in range(1, len(reached))],
-        verify_steps=verify, tokens=tokens)
+        verify_steps=verify,
+        tokens=tokens,
+    )
 
 
 def _ratio(num: int, den: int) -> float:

@@ -5,6 +5,7 @@ replayed over the eval spans, the quantity a benchmark measures.
 Plain torch; DistributedDataParallel when launched by torchrun. The step itself is
 `Objective.forward`, so it can be compiled or benchmarked alone.
 """
+
 from __future__ import annotations
 
 import math
@@ -12,10 +13,9 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -29,8 +29,14 @@ from .ttt import TTTMetrics, ttt_forward
 class Objective(nn.Module):
     """Drafter + the frozen target tensors it needs; forward(batch) -> (loss, metrics)."""
 
-    def __init__(self, drafter: Eagle3Drafter, embed: torch.Tensor, lm_head: torch.Tensor,
-                 ttt_steps: int, decay: float):
+    def __init__(
+        self,
+        drafter: Eagle3Drafter,
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        ttt_steps: int,
+        decay: float,
+    ):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("embed", embed, persistent=False)
@@ -42,10 +48,19 @@ class Objective(nn.Module):
         # Training under DDP: every rank divides by the global count (eval batches differ in
         # number per rank, so evaluation keeps local means and issues no collective).
         global_mean = self.training and self.world > 1
-        return ttt_forward(self.drafter, self.embed, batch["aux"], batch["last"],
-                           batch["input_ids"], batch["loss_mask"], batch["attention_mask"],
-                           self.ttt_steps, self.decay, target_lm_head=self.lm_head,
-                           denominators=self.per_rank_share if global_mean else None)
+        return ttt_forward(
+            self.drafter,
+            self.embed,
+            batch["aux"],
+            batch["last"],
+            batch["input_ids"],
+            batch["loss_mask"],
+            batch["attention_mask"],
+            self.ttt_steps,
+            self.decay,
+            target_lm_head=self.lm_head,
+            denominators=self.per_rank_share if global_mean else None,
+        )
 
     def per_rank_share(self, counts: torch.Tensor) -> torch.Tensor:
         """Valid positions of the whole global batch (at least 1), per step, over the world size:
@@ -96,8 +111,8 @@ def replayed_tau(metrics: TTTMetrics, num_steps: int) -> float:
 class History:
     steps: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
-    tokens: int = 0          # trained on by this run (all ranks), for its throughput
-    seconds: float = 0.0     # spent in training steps by this run (evaluation and saving excluded)
+    tokens: int = 0  # trained on by this run (all ranks), for its throughput
+    seconds: float = 0.0  # spent in training steps by this run (evaluation and saving excluded)
 
     @property
     def tokens_per_s(self) -> float:
@@ -109,8 +124,14 @@ def batch_order(n: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(n, generator=g).tolist()
 
 
-def evaluate(objective: Objective, data: HiddenStates, s: LoopSettings,
-             device: torch.device, autocast, rank: Rank = Rank()) -> TTTMetrics | None:
+def evaluate(
+    objective: Objective,
+    data: HiddenStates,
+    s: LoopSettings,
+    device: torch.device,
+    autocast,
+    rank: Rank = Rank(),
+) -> TTTMetrics | None:
     """Metrics over the first eval_max_samples samples; each rank scores every world-th batch."""
     n = min(len(data), s.eval_max_samples)
     if not n:
@@ -119,8 +140,13 @@ def evaluate(objective: Objective, data: HiddenStates, s: LoopSettings,
     objective.eval()
     with torch.no_grad():
         for start in range(rank.rank * s.batch_size, n, s.batch_size * rank.world):
-            batch = _to(collate([data[i] for i in range(start, min(start + s.batch_size, n))],
-                                feature_dtype(device)), device)
+            batch = _to(
+                collate(
+                    [data[i] for i in range(start, min(start + s.batch_size, n))],
+                    feature_dtype(device),
+                ),
+                device,
+            )
             with autocast():
                 _, metrics = objective(batch)
             total = total + metrics
@@ -164,8 +190,14 @@ def autocast_for(device: torch.device):
     return lambda: torch.autocast("cpu", enabled=False)
 
 
-def training_step(model: nn.Module, batch: dict, params: list, opt: torch.optim.Optimizer,
-                  grad_clip: float, autocast) -> tuple[torch.Tensor, TTTMetrics, torch.Tensor]:
+def training_step(
+    model: nn.Module,
+    batch: dict,
+    params: list,
+    opt: torch.optim.Optimizer,
+    grad_clip: float,
+    autocast,
+) -> tuple[torch.Tensor, TTTMetrics, torch.Tensor]:
     """One optimizer step (forward, backward, clip, AdamW): the unit the benchmarks time."""
     with autocast():
         loss, metrics = model(batch)
@@ -176,9 +208,16 @@ def training_step(model: nn.Module, batch: dict, params: list, opt: torch.optim.
     return loss, metrics, grad_norm
 
 
-def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
-          s: LoopSettings, checkpoint_dir: Path, device: torch.device, rank: Rank = Rank(),
-          log: Callable[[str], None] = print) -> History:
+def train(
+    objective: Objective,
+    train_set: HiddenStates,
+    eval_set: HiddenStates,
+    s: LoopSettings,
+    checkpoint_dir: Path,
+    device: torch.device,
+    rank: Rank = Rank(),
+    log: Callable[[str], None] = print,
+) -> History:
     log = log if rank.main else (lambda _: None)  # the other ranks' figures are the same
     objective.to(device)
     objective.world = rank.world
@@ -188,12 +227,15 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
         # The buffers (the target's embedding and head) are the same file on every rank:
         # broadcasting them before every forward would move gigabytes for nothing.
         model = nn.parallel.DistributedDataParallel(
-            objective, device_ids=[device.index] if device.type == "cuda" else None,
-            broadcast_buffers=False)
+            objective,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False,
+        )
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: lr_factor(step, s.warmup_steps, s.total_steps, s.min_lr_ratio))
+        opt, lambda step: lr_factor(step, s.warmup_steps, s.total_steps, s.min_lr_ratio)
+    )
     autocast = autocast_for(device)
     state = {"step": 0, "epoch": 0, "cursor": 0, "best_replayed_tau": -1.0}
     history = History()
@@ -206,12 +248,23 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
         state.update(ckpt["state"])
         torch.set_rng_state(ckpt["rng"])
         history = History(ckpt["history"]["steps"], ckpt["history"]["evals"])
-        log(f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
-            f"sample {state['cursor']})")
+        log(
+            f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
+            f"sample {state['cursor']})"
+        )
     first = state["step"]
-    stream = prefetched(batch_stream(train_set, s, state["epoch"], state["cursor"], rank,
-                                     s.total_steps - first, feature_dtype(device),
-                                     pin=device.type == "cuda"))
+    stream = prefetched(
+        batch_stream(
+            train_set,
+            s,
+            state["epoch"],
+            state["cursor"],
+            rank,
+            s.total_steps - first,
+            feature_dtype(device),
+            pin=device.type == "cuda",
+        )
+    )
     clock = time.monotonic()
     for state["epoch"], state["cursor"], batch in stream:
         batch = _to(batch, device)
@@ -222,44 +275,73 @@ def train(objective: Objective, train_set: HiddenStates, eval_set: HiddenStates,
         state["step"] += 1
         history.tokens += step_tokens
         history.seconds += time.monotonic() - clock
-        row = {"step": state["step"], "loss": round(step_loss, 5),
-               "lr": sched.get_last_lr()[0], "grad_norm": round(float(grad_norm), 4),
-               **{f"acc_{k}": round(a, 4) for k, a in enumerate(metrics.accuracy)}}
+        row = {
+            "step": state["step"],
+            "loss": round(step_loss, 5),
+            "lr": sched.get_last_lr()[0],
+            "grad_norm": round(float(grad_norm), 4),
+            **{f"acc_{k}": round(a, 4) for k, a in enumerate(metrics.accuracy)},
+        }
         history.steps.append(row)
         if state["step"] % 10 == 0 or state["step"] == s.total_steps:
             eta = (s.total_steps - state["step"]) * history.seconds / (state["step"] - first)
-            log(f"[train] step {state['step']}/{s.total_steps} loss {row['loss']:.4f} "
+            log(
+                f"[train] step {state['step']}/{s.total_steps} loss {row['loss']:.4f} "
                 f"acc0 {row['acc_0']:.3f} lr {row['lr']:.2e} {history.tokens_per_s:,.0f} tok/s "
-                f"eta {eta:,.0f}s")
+                f"eta {eta:,.0f}s"
+            )
         if state["step"] % s.eval_every == 0 or state["step"] == s.total_steps:
             ev = evaluate(objective, eval_set, s, device, autocast, rank)
             if ev is not None:
                 tau = replayed_tau(ev, s.eval_num_steps)
                 simulated = simulated_tau(ev, s.eval_num_steps)
-                history.evals.append({"step": state["step"], "replayed_tau": round(tau, 4),
-                                      "simulated_tau": round(simulated, 4),
-                                      **{k: [round(x, 4) for x in v]
-                                         for k, v in ev.as_dict().items()}})
-                log(f"[train] eval step {state['step']}: replayed tau {tau:.3f}, simulated "
-                    f"{simulated:.3f} (chain of {s.eval_num_steps})")
+                history.evals.append(
+                    {
+                        "step": state["step"],
+                        "replayed_tau": round(tau, 4),
+                        "simulated_tau": round(simulated, 4),
+                        **{k: [round(x, 4) for x in v] for k, v in ev.as_dict().items()},
+                    }
+                )
+                log(
+                    f"[train] eval step {state['step']}: replayed tau {tau:.3f}, simulated "
+                    f"{simulated:.3f} (chain of {s.eval_num_steps})"
+                )
                 if tau > state["best_replayed_tau"]:
                     state["best_replayed_tau"] = tau
                     if rank.main:
-                        _save(checkpoint_dir / "best.pt", {"model": drafter.state_dict(),
-                                                            "step": state["step"], "tau": tau})
-        if rank.main and (state["step"] % s.checkpoint_every == 0
-                          or state["step"] == s.total_steps):
-            _save(last, {"model": drafter.state_dict(), "optimizer": opt.state_dict(),
-                         "scheduler": sched.state_dict(), "state": dict(state),
-                         "rng": torch.get_rng_state(),
-                         "history": {"steps": history.steps, "evals": history.evals}})
+                        _save(
+                            checkpoint_dir / "best.pt",
+                            {"model": drafter.state_dict(), "step": state["step"], "tau": tau},
+                        )
+        if rank.main and (
+            state["step"] % s.checkpoint_every == 0 or state["step"] == s.total_steps
+        ):
+            _save(
+                last,
+                {
+                    "model": drafter.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "scheduler": sched.state_dict(),
+                    "state": dict(state),
+                    "rng": torch.get_rng_state(),
+                    "history": {"steps": history.steps, "evals": history.evals},
+                },
+            )
         clock = time.monotonic()  # evaluation and saving are not training time
     return history
 
 
-def batch_stream(data: HiddenStates, s: LoopSettings, epoch: int, cursor: int, rank: Rank,
-                 steps: int, dtype: torch.dtype | None, pin: bool
-                 ) -> Iterator[tuple[int, int, dict]]:
+def batch_stream(
+    data: HiddenStates,
+    s: LoopSettings,
+    epoch: int,
+    cursor: int,
+    rank: Rank,
+    steps: int,
+    dtype: torch.dtype | None,
+    pin: bool,
+) -> Iterator[tuple[int, int, dict]]:
     """(epoch, cursor after it, this rank's collated share) of each of the next `steps` global
     batches: a seeded shuffle per epoch, so a resumed run sees the batches it would have seen."""
     order = batch_order(len(data), s.seed, epoch)
@@ -267,9 +349,9 @@ def batch_stream(data: HiddenStates, s: LoopSettings, epoch: int, cursor: int, r
         if cursor >= len(order):
             epoch, cursor = epoch + 1, 0
             order = batch_order(len(data), s.seed, epoch)
-        picked = order[cursor: cursor + s.batch_size]
+        picked = order[cursor : cursor + s.batch_size]
         cursor += s.batch_size
-        mine = picked[rank.rank:: rank.world] or picked[:1]
+        mine = picked[rank.rank :: rank.world] or picked[:1]
         batch = collate([data[i] for i in mine], dtype)
         yield epoch, cursor, {k: v.pin_memory() for k, v in batch.items()} if pin else batch
 

@@ -13,10 +13,11 @@ first token comes from the prefill; the first round of a span [s, e) is at s - 1
 that accepts a drafts yields a + 1 tokens (the target adds one) and the next one is at i + a + 1,
 until token e - 1 is out.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,14 +35,19 @@ def shift_left(x: Tensor, n: int, fill) -> Tensor:
 @dataclass
 class SoftLabels:
     """What the target says at each position, restricted to the draft vocabulary."""
-    probs: Tensor      # [B, T, draft_vocab] softmax of the target logits over the draft ids
-    argmax: Tensor     # [B, T] draft index of the target's choice
-    in_vocab: Tensor   # [B, T] bool: the target's full-vocabulary choice is a draft id
+
+    probs: Tensor  # [B, T, draft_vocab] softmax of the target logits over the draft ids
+    argmax: Tensor  # [B, T] draft index of the target's choice
+    in_vocab: Tensor  # [B, T] bool: the target's full-vocabulary choice is a draft id
 
 
 @torch.no_grad()
-def soft_labels(last_or_logits: Tensor, drafter: Eagle3Drafter,
-                target_lm_head: Tensor | None = None, chunk: int = 1024) -> SoftLabels:
+def soft_labels(
+    last_or_logits: Tensor,
+    drafter: Eagle3Drafter,
+    target_lm_head: Tensor | None = None,
+    chunk: int = 1024,
+) -> SoftLabels:
     """Target distributions from its logits [B, T, vocab] or its final hidden state [B, T, H].
 
     The final (post-norm) hidden state needs `target_lm_head` [vocab, H]; logits are then computed
@@ -53,9 +59,11 @@ def soft_labels(last_or_logits: Tensor, drafter: Eagle3Drafter,
     vocab = drafter.cfg.vocab_size
     is_logits = last_or_logits.shape[-1] == vocab and target_lm_head is None
     if not is_logits and (target_lm_head is None or target_lm_head.shape[0] != vocab):
-        raise ValueError(f"soft_labels: got a last dimension of {last_or_logits.shape[-1]}; pass "
-                         f"target logits over the full vocabulary ({vocab}) or the final hidden "
-                         f"state together with the target's lm_head weight [{vocab}, H]")
+        raise ValueError(
+            f"soft_labels: got a last dimension of {last_or_logits.shape[-1]}; pass "
+            f"target logits over the full vocabulary ({vocab}) or the final hidden "
+            f"state together with the target's lm_head weight [{vocab}, H]"
+        )
     draft_ids = drafter.draft_ids()
     head = None if is_logits else target_lm_head.to(last_or_logits.dtype).T
     parts = []
@@ -64,15 +72,22 @@ def soft_labels(last_or_logits: Tensor, drafter: Eagle3Drafter,
             for part in sample.split(chunk):
                 logits = (part if is_logits else part @ head).float()
                 restricted = logits[:, draft_ids]
-                parts.append((restricted.softmax(-1), restricted.argmax(-1),
-                              drafter.t2d[logits.argmax(-1)]))
+                parts.append(
+                    (restricted.softmax(-1), restricted.argmax(-1), drafter.t2d[logits.argmax(-1)])
+                )
     batch_positions = last_or_logits.shape[:2]
     probs, argmax, in_vocab = (torch.cat(p).unflatten(0, batch_positions) for p in zip(*parts))
     return SoftLabels(probs, argmax, in_vocab)
 
 
-def ttt_unroll(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor,
-               input_ids: Tensor, attention_mask: Tensor | None, ttt_steps: int) -> list[Tensor]:
+def ttt_unroll(
+    drafter: Eagle3Drafter,
+    embed: nn.Embedding | Tensor,
+    aux: Tensor,
+    input_ids: Tensor,
+    attention_mask: Tensor | None,
+    ttt_steps: int,
+) -> list[Tensor]:
     """Draft logits [B, T, draft_vocab] for each step; step k at position i reads token i+1+k."""
     dtype = drafter.fc.weight.dtype
     hidden, kv, logits = aux.detach().to(dtype), None, []
@@ -87,8 +102,11 @@ def ttt_unroll(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor
 
 def inside_sample(loss_mask: Tensor, attention_mask: Tensor | None) -> Tensor:
     """[B, T] bool of the real (unpadded) tokens."""
-    return torch.ones_like(loss_mask, dtype=torch.bool) if attention_mask is None \
+    return (
+        torch.ones_like(loss_mask, dtype=torch.bool)
+        if attention_mask is None
         else attention_mask.bool()
+    )
 
 
 def supervised_tokens(loss_mask: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -96,8 +114,9 @@ def supervised_tokens(loss_mask: Tensor, attention_mask: Tensor | None) -> Tenso
     return loss_mask.bool() & inside_sample(loss_mask, attention_mask)
 
 
-def scored_positions(loss_mask: Tensor, attention_mask: Tensor | None,
-                     ttt_steps: int) -> list[Tensor]:
+def scored_positions(
+    loss_mask: Tensor, attention_mask: Tensor | None, ttt_steps: int
+) -> list[Tensor]:
     """Per step, [B, T] bool of the positions whose draft is scored: its token is supervised."""
     inside = inside_sample(loss_mask, attention_mask)
     supervised = loss_mask.bool() & inside
@@ -110,8 +129,9 @@ def in_draft_vocab(labels: SoftLabels, scored: list[Tensor]) -> list[Tensor]:
     return [s & shift_left(labels.in_vocab, k + 1, False) for k, s in enumerate(scored)]
 
 
-def valid_positions(labels: SoftLabels, loss_mask: Tensor, attention_mask: Tensor | None,
-                    ttt_steps: int) -> list[Tensor]:
+def valid_positions(
+    labels: SoftLabels, loss_mask: Tensor, attention_mask: Tensor | None, ttt_steps: int
+) -> list[Tensor]:
     """Per step, [B, T] bool of the positions whose loss counts."""
     return in_draft_vocab(labels, scored_positions(loss_mask, attention_mask, ttt_steps))
 
@@ -119,22 +139,24 @@ def valid_positions(labels: SoftLabels, loss_mask: Tensor, attention_mask: Tenso
 @dataclass
 class TTTMetrics:
     """Per-step counts; rates are ratios of sums so batches add up exactly (`a + b`)."""
-    ce_sum: Tensor          # [K] soft cross-entropy summed over valid positions
-    valid: Tensor           # [K] positions in the loss at step k
-    correct: Tensor         # [K] of those, draft argmax == target argmax
-    chain_valid: Tensor     # [K] positions scored at every step 0..k
-    chain_correct: Tensor   # [K] of those, steps 0..k all correct
-    chain_prefix: Tensor    # [K] of those, steps 0..k-1 all correct (all of them at k = 0)
-    replay_tokens: Tensor   # [K] tokens of serving's rounds replayed over the supervised spans
-    replay_rounds: Tensor   # [K] those rounds (verify steps), drafting chains of k + 1
+
+    ce_sum: Tensor  # [K] soft cross-entropy summed over valid positions
+    valid: Tensor  # [K] positions in the loss at step k
+    correct: Tensor  # [K] of those, draft argmax == target argmax
+    chain_valid: Tensor  # [K] positions scored at every step 0..k
+    chain_correct: Tensor  # [K] of those, steps 0..k all correct
+    chain_prefix: Tensor  # [K] of those, steps 0..k-1 all correct (all of them at k = 0)
+    replay_tokens: Tensor  # [K] tokens of serving's rounds replayed over the supervised spans
+    replay_rounds: Tensor  # [K] those rounds (verify steps), drafting chains of k + 1
 
     @classmethod
-    def zeros(cls, steps: int) -> "TTTMetrics":
+    def zeros(cls, steps: int) -> TTTMetrics:
         return cls(*torch.zeros(len(cls.__dataclass_fields__), steps, dtype=torch.float64))
 
-    def __add__(self, other: "TTTMetrics") -> "TTTMetrics":
-        return TTTMetrics(*(getattr(self, f) + getattr(other, f)
-                            for f in self.__dataclass_fields__))
+    def __add__(self, other: TTTMetrics) -> TTTMetrics:
+        return TTTMetrics(
+            *(getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__)
+        )
 
     @staticmethod
     def _rate(num: Tensor, den: Tensor) -> list[float]:
@@ -165,10 +187,13 @@ class TTTMetrics:
         return self._rate(self.replay_tokens, self.replay_rounds)
 
     def as_dict(self) -> dict[str, list[float]]:
-        return {"loss": self.loss, "accuracy": self.accuracy,
-                "acceptance_conditional": self.acceptance_conditional,
-                "acceptance_unconditional": self.acceptance_unconditional,
-                "valid_positions": [int(v) for v in self.valid]}
+        return {
+            "loss": self.loss,
+            "accuracy": self.accuracy,
+            "acceptance_conditional": self.acceptance_conditional,
+            "acceptance_unconditional": self.acceptance_unconditional,
+            "valid_positions": [int(v) for v in self.valid],
+        }
 
 
 def round_starts(supervised: Tensor) -> Tensor:
@@ -192,22 +217,27 @@ def replay_counts(correct: list[Tensor], supervised: Tensor) -> tuple[Tensor, Te
     span = first_round.cumsum(0)
     n = can_start.numel()
     here = torch.arange(n, device=can_start.device)
-    accepted = torch.stack(correct).flatten(1).long().cumprod(0).cumsum(0)       # [K, B*T]
+    accepted = torch.stack(correct).flatten(1).long().cumprod(0).cumsum(0)  # [K, B*T]
     there = here + accepted + 1
     inside = there.clamp(max=n - 1)
     same_span = (there < n) & can_start[inside] & (span[inside] == span) & can_start
     end = torch.full_like(there[:, :1], n)
-    jump = torch.cat([torch.where(same_span, there, n), end], dim=1)           # [K, n + 1]
+    jump = torch.cat([torch.where(same_span, there, n), end], dim=1)  # [K, n + 1]
     length = torch.cat([torch.ones_like(there), torch.zeros_like(end)], dim=1)
-    for _ in range(width.bit_length()):   # 2 ** levels > rounds of any span
+    for _ in range(width.bit_length()):  # 2 ** levels > rounds of any span
         length = length + length.gather(1, jump)
         jump = jump.gather(1, jump)
     rounds = (length[:, :n] * first_round).sum(1)
     return can_start.sum().expand(len(correct)), rounds
 
 
-def step_metrics(ce: list[Tensor], correct: list[Tensor], valid: list[Tensor],
-                 scored: list[Tensor], supervised: Tensor) -> TTTMetrics:
+def step_metrics(
+    ce: list[Tensor],
+    correct: list[Tensor],
+    valid: list[Tensor],
+    scored: list[Tensor],
+    supervised: Tensor,
+) -> TTTMetrics:
     """Count per-step and chained matches from [B, T] per-step tensors: loss and accuracy over
     the `valid` positions, chains (acceptance) over the `scored` ones, serving's rounds replayed
     over the `supervised` tokens' spans."""
@@ -218,20 +248,32 @@ def step_metrics(ce: list[Tensor], correct: list[Tensor], valid: list[Tensor],
         prefix_correct = chain_correct
         chain_valid = chain_valid & scored_k
         chain_correct = chain_correct & correct_k
-        counts = [(ce_k.detach() * valid_k).sum(), valid_k.sum(), (correct_k & valid_k).sum(),
-                  chain_valid.sum(), (chain_correct & chain_valid).sum(),
-                  (prefix_correct & chain_valid).sum()]
+        counts = [
+            (ce_k.detach() * valid_k).sum(),
+            valid_k.sum(),
+            (correct_k & valid_k).sum(),
+            chain_valid.sum(),
+            (chain_correct & chain_valid).sum(),
+            (prefix_correct & chain_valid).sum(),
+        ]
         rows.append(torch.stack([c.double() for c in counts]).cpu())
     replay = [c.double().cpu() for c in replay_counts(correct, supervised)]
     return TTTMetrics(*torch.stack(rows, dim=1), *replay)
 
 
-def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tensor,
-                last_or_logits: Tensor, input_ids: Tensor, loss_mask: Tensor,
-                attention_mask: Tensor | None = None, ttt_steps: int = 7, decay: float = 0.8,
-                target_lm_head: Tensor | None = None,
-                denominators: Callable[[Tensor], Tensor] | None = None
-                ) -> tuple[Tensor, TTTMetrics]:
+def ttt_forward(
+    drafter: Eagle3Drafter,
+    embed: nn.Embedding | Tensor,
+    aux: Tensor,
+    last_or_logits: Tensor,
+    input_ids: Tensor,
+    loss_mask: Tensor,
+    attention_mask: Tensor | None = None,
+    ttt_steps: int = 7,
+    decay: float = 0.8,
+    target_lm_head: Tensor | None = None,
+    denominators: Callable[[Tensor], Tensor] | None = None,
+) -> tuple[Tensor, TTTMetrics]:
     """Loss = sum_k decay**k * (soft cross-entropy of step k averaged over its valid positions).
 
     aux [B, T, num_aux * target_hidden]: target features; last_or_logits: the target's logits or
@@ -247,13 +289,17 @@ def ttt_forward(drafter: Eagle3Drafter, embed: nn.Embedding | Tensor, aux: Tenso
     counts = torch.stack([v.sum() for v in valid]).float()
     divisors = denominators(counts) if denominators else counts.clamp(min=1)
     total, ces, corrects = aux.new_zeros((), dtype=torch.float32), [], []
-    for k, logits in enumerate(ttt_unroll(drafter, embed, aux, input_ids, attention_mask,
-                                          ttt_steps)):
+    for k, logits in enumerate(
+        ttt_unroll(drafter, embed, aux, input_ids, attention_mask, ttt_steps)
+    ):
         probs = shift_left(labels.probs, k + 1, 0.0)
         ce = -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
-        total = total + decay ** k * (ce * valid[k]).sum() / divisors[k]
+        total = total + decay**k * (ce * valid[k]).sum() / divisors[k]
         ces.append(ce)
-        corrects.append((logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
-                        & shift_left(labels.in_vocab, k + 1, False))
-    return total, step_metrics(ces, corrects, valid, scored,
-                               supervised_tokens(loss_mask, attention_mask))
+        corrects.append(
+            (logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
+            & shift_left(labels.in_vocab, k + 1, False)
+        )
+    return total, step_metrics(
+        ces, corrects, valid, scored, supervised_tokens(loss_mask, attention_mask)
+    )

@@ -5,10 +5,12 @@ so the caller can stop feeding requests the moment a token budget is reached. A 
 may yield None: no request is ready until a completion in flight comes back (a conversation's
 next turn waits for its last one); the engine then asks again after the next completion.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal, Protocol
+from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -45,8 +47,9 @@ STALLED = "the request stream waits for a completion, but none is in flight"
 class Engine(Protocol):
     name: str
 
-    def generate(self, requests: Iterable[Request | None],
-                 sampling: Sampling) -> Iterator[Completion]: ...
+    def generate(
+        self, requests: Iterable[Request | None], sampling: Sampling
+    ) -> Iterator[Completion]: ...
 
 
 def ready_batch(requests: Iterator[Request | None], size: int) -> list[Request]:
@@ -65,8 +68,9 @@ def ready_batch(requests: Iterator[Request | None], size: int) -> list[Request]:
     return batch
 
 
-def trim_at_stop(ids: list[int], stop_ids: Iterable[int], max_new_tokens: int
-                 ) -> tuple[list[int], FinishReason]:
+def trim_at_stop(
+    ids: list[int], stop_ids: Iterable[int], max_new_tokens: int
+) -> tuple[list[int], FinishReason]:
     """Cut a generated row after its first stop token (kept); without one it ran to the limit."""
     stops = set(stop_ids)
     for i, t in enumerate(ids):

@@ -12,19 +12,21 @@ each request with the drafter (stages.drafter.speculate, exact but without a KV 
 counting, not speed) and answers with spec_verify_ct and spec_accept_length in meta_info, as SGLang
 does, so the served benchmark is tested against the in-process one.
 """
+
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import functools
 import json
 import queue
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Iterator
 
 import torch
 import transformers
@@ -33,18 +35,33 @@ from torch import nn
 from ..drafter.export import load_drafter
 from ..drafter.model import Eagle3Drafter, target_facts
 from ..drafter.speculate import SpecResult, speculative_generate
+from ..target.model import load_causal_lm
 from . import Completion, Sampling, trim_at_stop
 from .hf import HFEngine
-from ..target.model import load_causal_lm
 from .sglang_bench import ALGORITHM
 
 # Sampling values this server honours; the others must be absent, null or neutral.
-SAMPLING_DEFAULTS = {"max_new_tokens": 128, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-                     "stop_token_ids": [], "no_stop_trim": False, "sampling_seed": 0,
-                     "skip_special_tokens": True, "spaces_between_special_tokens": True}
-NEUTRAL_SAMPLING = {"min_p": 0.0, "repetition_penalty": 1.0, "frequency_penalty": 0.0,
-                    "presence_penalty": 0.0, "ignore_eos": False, "n": 1, "stop": [],
-                    "min_new_tokens": 0}
+SAMPLING_DEFAULTS = {
+    "max_new_tokens": 128,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "stop_token_ids": [],
+    "no_stop_trim": False,
+    "sampling_seed": 0,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+}
+NEUTRAL_SAMPLING = {
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "ignore_eos": False,
+    "n": 1,
+    "stop": [],
+    "min_new_tokens": 0,
+}
 
 
 class BadRequest(ValueError):
@@ -72,9 +89,17 @@ class Speculative:
 
     def decode(self, prompt: list[int], sampling: Sampling) -> SpecResult:
         generator = torch.Generator().manual_seed(sampling.seed)
-        return speculative_generate(self.target, self.drafter, self.target.get_input_embeddings(),
-                                    prompt, sampling.max_new_tokens, self.num_steps,
-                                    sampling.temperature, sampling.stop_ids, generator)
+        return speculative_generate(
+            self.target,
+            self.drafter,
+            self.target.get_input_embeddings(),
+            prompt,
+            sampling.max_new_tokens,
+            self.num_steps,
+            sampling.temperature,
+            sampling.stop_ids,
+            generator,
+        )
 
 
 def load_speculative(draft_model_path: str, num_steps: int, target: nn.Module) -> Speculative:
@@ -82,13 +107,17 @@ def load_speculative(draft_model_path: str, num_steps: int, target: nn.Module) -
     drafter, cfg = load_drafter(draft_model_path)
     facts = target_facts(target.config)
     if (cfg.vocab_size, cfg.target_hidden_size) != (facts.vocab_size, facts.hidden_size):
-        raise ValueError(f"--speculative-draft-model-path {draft_model_path}: a drafter for "
-                         f"vocab {cfg.vocab_size} and hidden size {cfg.target_hidden_size}, the "
-                         f"target has {facts.vocab_size} and {facts.hidden_size}")
+        raise ValueError(
+            f"--speculative-draft-model-path {draft_model_path}: a drafter for "
+            f"vocab {cfg.vocab_size} and hidden size {cfg.target_hidden_size}, the "
+            f"target has {facts.vocab_size} and {facts.hidden_size}"
+        )
     if max(cfg.aux_layer_ids) > facts.num_hidden_layers:
-        raise ValueError(f"--speculative-draft-model-path {draft_model_path}: trained on hidden "
-                         f"states {list(cfg.aux_layer_ids)}, the target has "
-                         f"{facts.num_hidden_layers} layers")
+        raise ValueError(
+            f"--speculative-draft-model-path {draft_model_path}: trained on hidden "
+            f"states {list(cfg.aux_layer_ids)}, the target has "
+            f"{facts.num_hidden_layers} layers"
+        )
     drafter = drafter.to(next(target.parameters()).device).eval()
     return Speculative(target, drafter, num_steps, str(draft_model_path))
 
@@ -105,8 +134,9 @@ class _Job:
     spec: SpecResult | None = None  # the verify steps, when decoded speculatively
 
 
-def parse_generate(body, context_length: int, eos_ids: tuple[int, ...] = ()
-                   ) -> tuple[str | None, list[int], Sampling, bool]:
+def parse_generate(
+    body, context_length: int, eos_ids: tuple[int, ...] = ()
+) -> tuple[str | None, list[int], Sampling, bool]:
     """Validate a /generate body as SGLang does; return rid, prompt, sampling and no_stop_trim."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -114,8 +144,10 @@ def parse_generate(body, context_length: int, eos_ids: tuple[int, ...] = ()
     if len(given) != 1:
         raise BadRequest(f"give exactly one of input_ids, text, input_embeds; got {given}")
     if given[0] != "input_ids":
-        raise BadRequest(f"{given[0]} is not served here: send input_ids (the server runs as "
-                         f"with --skip-tokenizer-init)")
+        raise BadRequest(
+            f"{given[0]} is not served here: send input_ids (the server runs as "
+            f"with --skip-tokenizer-init)"
+        )
     prompt = body["input_ids"]
     if not isinstance(prompt, list) or not prompt:
         raise BadRequest("input_ids must be a non-empty list of token ids")
@@ -137,17 +169,25 @@ def parse_generate(body, context_length: int, eos_ids: tuple[int, ...] = ()
     value = {k: d if params.get(k) is None else params[k] for k, d in SAMPLING_DEFAULTS.items()}
     max_new = value["max_new_tokens"]
     if len(prompt) >= context_length:
-        raise BadRequest(f"The input ({len(prompt)} tokens) is longer than the model's context "
-                         f"length ({context_length} tokens).")
+        raise BadRequest(
+            f"The input ({len(prompt)} tokens) is longer than the model's context "
+            f"length ({context_length} tokens)."
+        )
     if len(prompt) + max_new >= context_length:
-        raise BadRequest(f"Requested token count exceeds the model's maximum context length of "
-                         f"{context_length} tokens. You requested a total of "
-                         f"{len(prompt) + max_new} tokens: {len(prompt)} tokens from the input "
-                         f"and {max_new} tokens for the completion.")
-    sampling = Sampling(max_new_tokens=max_new, temperature=float(value["temperature"]),
-                        top_p=float(value["top_p"]), top_k=int(value["top_k"]),
-                        seed=int(value["sampling_seed"]),
-                        stop_ids=tuple(sorted(set(value["stop_token_ids"]) | set(eos_ids))))
+        raise BadRequest(
+            f"Requested token count exceeds the model's maximum context length of "
+            f"{context_length} tokens. You requested a total of "
+            f"{len(prompt) + max_new} tokens: {len(prompt)} tokens from the input "
+            f"and {max_new} tokens for the completion."
+        )
+    sampling = Sampling(
+        max_new_tokens=max_new,
+        temperature=float(value["temperature"]),
+        top_p=float(value["top_p"]),
+        top_k=int(value["top_k"]),
+        seed=int(value["sampling_seed"]),
+        stop_ids=tuple(sorted(set(value["stop_token_ids"]) | set(eos_ids))),
+    )
     return body.get("rid"), prompt, sampling, bool(value["no_stop_trim"])
 
 
@@ -161,12 +201,23 @@ def reply(job: _Job, done: Completion, omit_output_ids: bool = False) -> dict:
     elif done.finish_reason == "length":
         finish = {"type": "length", "length": job.sampling.max_new_tokens}
     else:
-        finish = {"type": "abort", "message": done.error, "status_code": 400,
-                  "err_type": "BadRequest"}
-    out = {"output_ids": ids, "meta_info": {
-        "id": job.rid, "finish_reason": finish, "prompt_tokens": len(job.prompt),
-        "completion_tokens": len(done.output_ids), "cached_tokens": 0,
-        "e2e_latency": round(time.monotonic() - job.queued_at, 6)}}
+        finish = {
+            "type": "abort",
+            "message": done.error,
+            "status_code": 400,
+            "err_type": "BadRequest",
+        }
+    out = {
+        "output_ids": ids,
+        "meta_info": {
+            "id": job.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(job.prompt),
+            "completion_tokens": len(done.output_ids),
+            "cached_tokens": 0,
+            "e2e_latency": round(time.monotonic() - job.queued_at, 6),
+        },
+    }
     if job.spec is not None and job.spec.verify_steps:
         out["meta_info"].update(spec_meta(job.spec, len(done.output_ids)))
     if omit_output_ids:
@@ -179,20 +230,34 @@ def spec_meta(spec: SpecResult, completion_tokens: int) -> dict:
     """SGLang's speculative meta_info: sent only after at least one verify step; the
     accept length counts every completion token, the prefill's first one included."""
     verify, accepted = spec.verify_steps, sum(spec.accepted)
-    return {"spec_verify_ct": verify, "spec_accept_length": completion_tokens / verify,
-            "spec_accept_rate": accepted / (verify * spec.num_steps),
-            "spec_accepted_drafts": accepted, "spec_proposed_drafts": verify * spec.num_steps,
-            "spec_accept_histogram": [spec.accepted.count(k) for k in range(spec.num_steps + 1)]}
+    return {
+        "spec_verify_ct": verify,
+        "spec_accept_length": completion_tokens / verify,
+        "spec_accept_rate": accepted / (verify * spec.num_steps),
+        "spec_accepted_drafts": accepted,
+        "spec_proposed_drafts": verify * spec.num_steps,
+        "spec_accept_histogram": [spec.accepted.count(k) for k in range(spec.num_steps + 1)],
+    }
 
 
 class HFServer:
     """A running HTTP server; `with HFServer(engine) as server:` gives `server.url`."""
 
-    def __init__(self, engine: HFEngine | None = None, *, host: str = "127.0.0.1", port: int = 0,
-                 model_path: str = "", eos_ids: tuple[int, ...] = (),
-                 context_length: int | None = None, max_running_requests: int | None = None,
-                 max_queued_requests: int | None = None, faults: Faults | None = None,
-                 gather_s: float = 0.005, speculative: Speculative | None = None):
+    def __init__(
+        self,
+        engine: HFEngine | None = None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_path: str = "",
+        eos_ids: tuple[int, ...] = (),
+        context_length: int | None = None,
+        max_running_requests: int | None = None,
+        max_queued_requests: int | None = None,
+        faults: Faults | None = None,
+        gather_s: float = 0.005,
+        speculative: Speculative | None = None,
+    ):
         self.engine, self.model_path, self.eos_ids = engine, model_path, tuple(eos_ids)
         self.speculative = speculative
         self._context_length = context_length
@@ -240,10 +305,8 @@ class HFServer:
         with self._lock:
             connections = list(self._connections)
         for conn in connections:
-            try:
+            with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
         for thread in self._threads:
             thread.join()
 
@@ -269,10 +332,14 @@ class HFServer:
                 self.stats["unavailable"] += 1
                 return 503, _error("The request queue is full.")
         try:
-            rid, prompt, sampling, no_stop_trim = parse_generate(body, self.context_length,
-                                                                 self.eos_ids)
-            if self.speculative and sampling.temperature > 0 and (sampling.top_p < 1
-                                                                  or sampling.top_k > 0):
+            rid, prompt, sampling, no_stop_trim = parse_generate(
+                body, self.context_length, self.eos_ids
+            )
+            if (
+                self.speculative
+                and sampling.temperature > 0
+                and (sampling.top_p < 1 or sampling.top_k > 0)
+            ):
                 raise BadRequest("top_p and top_k are not served with speculative decoding here")
         except BadRequest as err:
             self._count("bad_request")
@@ -284,9 +351,16 @@ class HFServer:
             if self.faults.abort > 0:
                 self.faults.abort -= 1
                 self.stats["aborted"] += 1
-                return 200, {"output_ids": [], "meta_info": {
-                    "id": rid, "finish_reason": {"type": "abort", "message": "Aborted by request"},
-                    "prompt_tokens": len(prompt), "completion_tokens": 0, "e2e_latency": 0.0}}
+                return 200, {
+                    "output_ids": [],
+                    "meta_info": {
+                        "id": rid,
+                        "finish_reason": {"type": "abort", "message": "Aborted by request"},
+                        "prompt_tokens": len(prompt),
+                        "completion_tokens": 0,
+                        "e2e_latency": 0.0,
+                    },
+                }
             job = _Job(rid or f"req-{self.stats['generate']}", prompt, sampling, no_stop_trim)
             self._active[job.rid] = job
         self._jobs.put(job)
@@ -306,23 +380,38 @@ class HFServer:
 
     def model_info(self) -> dict:
         config = getattr(getattr(self.engine, "model", None), "config", None)
-        return {"model_path": self.model_path, "tokenizer_path": self.model_path,
-                "is_generation": True, "architectures": getattr(config, "architectures", None)}
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.model_path,
+            "is_generation": True,
+            "architectures": getattr(config, "architectures", None),
+        }
 
     def server_info(self) -> dict:
         """The resolved launch settings, as SGLang's /server_info, and this server's version."""
         spec = self.speculative
-        flags = {"speculative_algorithm": None, "speculative_draft_model_path": None,
-                 "speculative_num_steps": None, "speculative_eagle_topk": None,
-                 "speculative_num_draft_tokens": None}
+        flags = {
+            "speculative_algorithm": None,
+            "speculative_draft_model_path": None,
+            "speculative_num_steps": None,
+            "speculative_eagle_topk": None,
+            "speculative_num_draft_tokens": None,
+        }
         if spec is not None:
-            flags = {"speculative_algorithm": ALGORITHM,
-                     "speculative_draft_model_path": spec.draft_model_path,
-                     "speculative_num_steps": spec.num_steps, "speculative_eagle_topk": 1,
-                     "speculative_num_draft_tokens": spec.num_steps + 1}
-        return {"model_path": self.model_path, "max_running_requests": self.max_running,
-                "context_length": self.context_length if self.engine else None, **flags,
-                "version": f"hf_server (transformers {transformers.__version__})"}
+            flags = {
+                "speculative_algorithm": ALGORITHM,
+                "speculative_draft_model_path": spec.draft_model_path,
+                "speculative_num_steps": spec.num_steps,
+                "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": spec.num_steps + 1,
+            }
+        return {
+            "model_path": self.model_path,
+            "max_running_requests": self.max_running,
+            "context_length": self.context_length if self.engine else None,
+            **flags,
+            "version": f"hf_server (transformers {transformers.__version__})",
+        }
 
     def metrics(self) -> str:
         """Prometheus text with the gauges SGLang exposes under --enable-metrics."""
@@ -331,10 +420,13 @@ class HFServer:
             used = sum(len(j.prompt) + j.sampling.max_new_tokens for j in self._active.values())
         capacity = self.max_running * (self.context_length if self.engine else 1)
         label = f'{{model_name="{self.model_path}"}}'
-        values = {"num_running_reqs": running, "num_queue_reqs": queued,
-                  "token_usage": round(min(used / capacity, 1.0), 4),
-                  "gen_throughput": round(self._throughput, 2),
-                  "generation_tokens_total": self.stats["generated_tokens"]}
+        values = {
+            "num_running_reqs": running,
+            "num_queue_reqs": queued,
+            "token_usage": round(min(used / capacity, 1.0), 4),
+            "gen_throughput": round(self._throughput, 2),
+            "generation_tokens_total": self.stats["generated_tokens"],
+        }
         return "".join(f"sglang:{name}{label} {value}\n" for name, value in values.items())
 
     def _batch_loop(self) -> None:
@@ -378,8 +470,9 @@ class HFServer:
         for job in group:
             start = time.monotonic()
             job.spec = self.speculative.decode(job.prompt, sampling)
-            ids, reason = trim_at_stop(job.spec.output_ids, sampling.stop_ids,
-                                       sampling.max_new_tokens)
+            ids, reason = trim_at_stop(
+                job.spec.output_ids, sampling.stop_ids, sampling.max_new_tokens
+            )
             yield job, Completion(job.rid, ids, reason, time.monotonic() - start)
 
     def _admit(self, conn: socket.socket) -> bool:
@@ -479,21 +572,30 @@ def speculative_flags_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the --speculative-* flags, or None."""
     steps, draft_tokens = args.speculative_num_steps, args.speculative_num_draft_tokens
     if args.speculative_algorithm is None:
-        return ("--speculative-draft-model-path needs --speculative-algorithm EAGLE3"
-                if args.speculative_draft_model_path else None)
+        return (
+            "--speculative-draft-model-path needs --speculative-algorithm EAGLE3"
+            if args.speculative_draft_model_path
+            else None
+        )
     if args.speculative_algorithm != ALGORITHM:
-        return (f"--speculative-algorithm {args.speculative_algorithm}: only {ALGORITHM} is "
-                f"served here (EAGLE with an EAGLE-3 drafter accepts almost nothing)")
+        return (
+            f"--speculative-algorithm {args.speculative_algorithm}: only {ALGORITHM} is "
+            f"served here (EAGLE with an EAGLE-3 drafter accepts almost nothing)"
+        )
     if not args.speculative_draft_model_path:
         return f"--speculative-algorithm {ALGORITHM} needs --speculative-draft-model-path"
     if steps < 1:
         return f"--speculative-num-steps {steps}: draft at least 1 token per step"
     if args.speculative_eagle_topk != 1:
-        return (f"--speculative-eagle-topk {args.speculative_eagle_topk}: only chains (topk 1) "
-                f"are served here")
+        return (
+            f"--speculative-eagle-topk {args.speculative_eagle_topk}: only chains (topk 1) "
+            f"are served here"
+        )
     if draft_tokens not in (None, steps + 1):
-        return (f"--speculative-num-draft-tokens {draft_tokens}: a chain of {steps} steps "
-                f"verifies {steps + 1} tokens")
+        return (
+            f"--speculative-num-draft-tokens {draft_tokens}: a chain of {steps} steps "
+            f"verifies {steps + 1} tokens"
+        )
     return None
 
 
@@ -509,8 +611,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--trust-remote-code", action="store_true")
     gpu_only = parser.add_argument_group("accepted for launch_server parity, no effect here")
-    for flag in ("--tp-size", "--dp-size", "--mem-fraction-static", "--kv-cache-dtype",
-                 "--hicache-size"):
+    for flag in (
+        "--tp-size",
+        "--dp-size",
+        "--mem-fraction-static",
+        "--kv-cache-dtype",
+        "--hicache-size",
+    ):
         gpu_only.add_argument(flag)
     for flag in ("--enable-hierarchical-cache", "--enable-metrics", "--skip-tokenizer-init"):
         gpu_only.add_argument(flag, action="store_true")
@@ -525,10 +632,14 @@ def main(argv: list[str] | None = None) -> None:
     if problem:
         parser.error(problem)
 
-    server = HFServer(host=args.host, port=args.port, model_path=args.model_path,
-                      context_length=args.context_length,
-                      max_running_requests=args.max_running_requests,
-                      max_queued_requests=args.max_queued_requests).start()
+    server = HFServer(
+        host=args.host,
+        port=args.port,
+        model_path=args.model_path,
+        context_length=args.context_length,
+        max_running_requests=args.max_running_requests,
+        max_queued_requests=args.max_queued_requests,
+    ).start()
     print(f"hf_server: {server.url} loading {args.model_path}", flush=True)
     model = load_causal_lm(args.model_path, args.device, args.dtype, args.trust_remote_code)
     eos = model_eos_ids(model)
@@ -536,8 +647,9 @@ def main(argv: list[str] | None = None) -> None:
     server.engine = HFEngine(model, pad, batch_size=args.max_running_requests)
     server.eos_ids = eos
     if args.speculative_algorithm:
-        server.speculative = load_speculative(args.speculative_draft_model_path,
-                                              args.speculative_num_steps, model)
+        server.speculative = load_speculative(
+            args.speculative_draft_model_path, args.speculative_num_steps, model
+        )
     server.ready.set()
     print(f"hf_server: {server.url} ready", flush=True)
     try:

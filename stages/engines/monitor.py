@@ -7,14 +7,15 @@ failures, and the ETA of the dataset and of the whole run against the budgets;
 servers that expose /metrics (SGLang's --enable-metrics) add running and queued requests and KV
 cache use.
 """
+
 from __future__ import annotations
 
 import itertools
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import httpx
 import pyarrow as pa
@@ -43,16 +44,19 @@ def backlog(dataset: str, budget_tokens: int, prompts_path: Path, raw_dir: Path)
     prompts = pq.ParquetFile(prompts_path).metadata.num_rows if prompts_path.exists() else 0
     samples = tokens = 0
     if files := parts(raw_dir):
-        done = pa.concat_tables(pq.read_table(f, columns=["sample_id", "completion_tokens"])
-                                for f in files)
+        done = pa.concat_tables(
+            pq.read_table(f, columns=["sample_id", "completion_tokens"]) for f in files
+        )
         samples = pc.count_distinct(done.column("sample_id")).as_py()
         tokens = pc.sum(done.column("completion_tokens")).as_py() or 0
     return Backlog(dataset, max(prompts - samples, 0), max(budget_tokens - tokens, 0))
 
 
 def run_backlog(budgets: dict[str, int], prompts_dir: Path, raw_dir: Path) -> list[Backlog]:
-    return [backlog(name, budget, prompts_dir / f"{name}.parquet", raw_dir / name)
-            for name, budget in budgets.items()]
+    return [
+        backlog(name, budget, prompts_dir / f"{name}.parquet", raw_dir / name)
+        for name, budget in budgets.items()
+    ]
 
 
 def parse_metrics(text: str) -> dict[str, list[float]]:
@@ -93,17 +97,28 @@ class ServerMetrics:
             usage += m.get("sglang:token_usage", [])
         if not usage:
             return None
-        return (f"servers: running {running:.0f}  queued {queued:.0f}  "
-                f"kv {100 * sum(usage) / len(usage):.0f}%")
+        return (
+            f"servers: running {running:.0f}  queued {queued:.0f}  "
+            f"kv {100 * sum(usage) / len(usage):.0f}%"
+        )
 
 
 class GenerationMonitor:
     """Live progress of one dataset's generation, printed every `every_s` seconds."""
 
-    def __init__(self, dataset: str, total_samples: int, done_samples: int, budget_tokens: int,
-                 used_tokens: int, others: Iterable[Backlog] = (), metrics_urls: Iterable[str] = (),
-                 every_s: float = 10.0, stream=None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        dataset: str,
+        total_samples: int,
+        done_samples: int,
+        budget_tokens: int,
+        used_tokens: int,
+        others: Iterable[Backlog] = (),
+        metrics_urls: Iterable[str] = (),
+        every_s: float = 10.0,
+        stream=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.dataset, self.total, self.done_before = dataset, total_samples, done_samples
         self.budget, self.used_before = budget_tokens, used_tokens
         self.others = [b for b in others if b.dataset != dataset]
@@ -130,11 +145,13 @@ class GenerationMonitor:
         done = self.done_before + self.samples
         used = self.used_before + self.tokens
         mine = Backlog(self.dataset, self.total - done, max(self.budget - used, 0))
-        text = (f"[generate {self.dataset}] {done}/{self.total} samples  "
-                f"{used:,}/{self.budget:,} tokens  {rate:,.0f} tok/s  "
-                f"{60 * self.samples / elapsed:,.1f} done/min  mean {mean:,.0f} tok  "
-                f"failed {self.failed}  eta {_eta([mine], mean, rate)}  "
-                f"run eta {_eta([mine, *self.others], mean, rate)}")
+        text = (
+            f"[generate {self.dataset}] {done}/{self.total} samples  "
+            f"{used:,}/{self.budget:,} tokens  {rate:,.0f} tok/s  "
+            f"{60 * self.samples / elapsed:,.1f} done/min  mean {mean:,.0f} tok  "
+            f"failed {self.failed}  eta {_eta([mine], mean, rate)}  "
+            f"run eta {_eta([mine, *self.others], mean, rate)}"
+        )
         servers = self.server.summary()
         return f"{text}  {servers}" if servers else text
 
@@ -159,9 +176,13 @@ class Projection:
     hours: float
 
 
-def project_hours(engine, sampling: Sampling, samples: dict[str, list[tuple[str, list[int]]]],
-             backlogs: dict[str, Backlog], clock: Callable[[], float] = time.monotonic
-             ) -> tuple[float, list[Projection]]:
+def project_hours(
+    engine,
+    sampling: Sampling,
+    samples: dict[str, list[tuple[str, list[int]]]],
+    backlogs: dict[str, Backlog],
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[float, list[Projection]]:
     """Generate a sample of every dataset, mixed as one stream so the servers are loaded as in
     a run; return generated tokens/s and each dataset's projected hours at that rate.
 
@@ -181,6 +202,14 @@ def project_hours(engine, sampling: Sampling, samples: dict[str, list[tuple[str,
     for name, got in lengths.items():
         mean = sum(got) / len(got) if got else 0.0
         tokens = backlogs[name].tokens(mean)
-        projections.append(Projection(name, len(got), failed[name], round(mean, 1),
-                                      round(tokens), tokens / rate / 3600 if rate else 0.0))
+        projections.append(
+            Projection(
+                name,
+                len(got),
+                failed[name],
+                round(mean, 1),
+                round(tokens),
+                tokens / rate / 3600 if rate else 0.0,
+            )
+        )
     return rate, projections

@@ -11,6 +11,7 @@ per request and managed about 140 requests/s at 512 in flight on one core (600/s
 one-connection clients), where this engine must keep more than 1,000/s
 (tests/perf/bench_sglang_client.py measures it).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,8 @@ import hashlib
 import json
 import random
 import time
-from typing import Iterable, Iterator, NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
 import aiohttp
 
@@ -90,7 +92,8 @@ def parse_reply(reply: dict, sample_id: str, url: str, latency_s: float) -> Comp
             f"token ids are unknown (text is never re-tokenized). SGLang 0.4.x returns output_ids "
             f"only when launched with --skip-tokenizer-init: add that flag (the launch's "
             f"server_args.skip_tokenizer_init: true) or upgrade to "
-            f"SGLang >= 0.5. Reply keys: {sorted(reply) if isinstance(reply, dict) else reply!r}")
+            f"SGLang >= 0.5. Reply keys: {sorted(reply) if isinstance(reply, dict) else reply!r}"
+        )
     ids = reply["output_ids"]
     meta = reply.get("meta_info") or {}
     finish = meta.get("finish_reason") or {}
@@ -99,16 +102,25 @@ def parse_reply(reply: dict, sample_id: str, url: str, latency_s: float) -> Comp
     kind = finish.get("type")
     latency = float(meta.get("e2e_latency") or latency_s)
     if kind == "abort":
-        return Completion(sample_id, ids, "abort", latency,
-                          error=f"{url}: {finish.get('message') or 'aborted by the server'}")
+        return Completion(
+            sample_id,
+            ids,
+            "abort",
+            latency,
+            error=f"{url}: {finish.get('message') or 'aborted by the server'}",
+        )
     if kind not in ("stop", "length"):
-        raise SGLangError(f"{url}/generate: sample {sample_id} finished with {kind!r}; expected "
-                          f"finish_reason type stop, length or abort in meta_info")
+        raise SGLangError(
+            f"{url}/generate: sample {sample_id} finished with {kind!r}; expected "
+            f"finish_reason type stop, length or abort in meta_info"
+        )
     matched = finish.get("matched")
     if kind == "stop" and isinstance(matched, int) and (not ids or ids[-1] != matched):
-        raise SGLangError(f"{url}/generate: sample {sample_id} stopped on token {matched} but "
-                          f"output_ids do not end with it; the server ignored no_stop_trim, which "
-                          f"would drop every stop token from the data")
+        raise SGLangError(
+            f"{url}/generate: sample {sample_id} stopped on token {matched} but "
+            f"output_ids do not end with it; the server ignored no_stop_trim, which "
+            f"would drop every stop token from the data"
+        )
     return Completion(sample_id, ids, kind, latency)
 
 
@@ -124,8 +136,9 @@ def error_message(body: bytes) -> str:
     return str(error)[:500]
 
 
-async def _shut_down(in_flight: list[asyncio.Task], unread: Iterable[asyncio.Task],
-                     session: aiohttp.ClientSession) -> None:
+async def _shut_down(
+    in_flight: list[asyncio.Task], unread: Iterable[asyncio.Task], session: aiohttp.ClientSession
+) -> None:
     """Cancel what is in flight (a rerun sends it again), let go of finished results nobody
     will read (failures included) and close the connections."""
     for task in in_flight:
@@ -139,9 +152,16 @@ class SGLangEngine:
 
     name = "sglang"
 
-    def __init__(self, urls: list[str], concurrency: int = 256, timeout_s: float = 3600.0,
-                 connect_timeout_s: float = 10.0, max_retries: int = 8, backoff_s: float = 1.0,
-                 backoff_max_s: float = 60.0):
+    def __init__(
+        self,
+        urls: list[str],
+        concurrency: int = 256,
+        timeout_s: float = 3600.0,
+        connect_timeout_s: float = 10.0,
+        max_retries: int = 8,
+        backoff_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+    ):
         if not urls:
             raise ValueError("urls: give at least one server URL")
         if concurrency < 1:
@@ -154,8 +174,9 @@ class SGLangEngine:
         self.retries = 0  # failed attempts that were tried again, over the engine's life
         self._jitter = random.Random()
 
-    def generate(self, requests: Iterable[Request | None],
-                 sampling: Sampling) -> Iterator[Completion]:
+    def generate(
+        self, requests: Iterable[Request | None], sampling: Sampling
+    ) -> Iterator[Completion]:
         replies = self.replies(requests, sampling)
         try:
             for reply in replies:
@@ -163,8 +184,7 @@ class SGLangEngine:
         finally:
             replies.close()
 
-    def replies(self, requests: Iterable[Request | None],
-                sampling: Sampling) -> Iterator[Reply]:
+    def replies(self, requests: Iterable[Request | None], sampling: Sampling) -> Iterator[Reply]:
         """As `generate`, each completion with the meta_info its server sent."""
         loop = asyncio.new_event_loop()
         session = loop.run_until_complete(self._open_session())
@@ -206,12 +226,18 @@ class SGLangEngine:
 
     async def _open_session(self) -> aiohttp.ClientSession:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s,
-                                        sock_read=self.timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self.connect_timeout_s, sock_read=self.timeout_s
+        )
         return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
-    async def _complete(self, session: aiohttp.ClientSession, sample_id: str,
-                        prompt_ids: list[int], sampling: Sampling) -> Reply:
+    async def _complete(
+        self,
+        session: aiohttp.ClientSession,
+        sample_id: str,
+        prompt_ids: list[int],
+        sampling: Sampling,
+    ) -> Reply:
         failures = []
         url = None
         for attempt in range(self.max_retries + 1):
@@ -227,10 +253,18 @@ class SGLangEngine:
             f"sample {sample_id}: {len(failures)} attempts failed, the last: {failures[-1]}. "
             f"Check that the servers ({', '.join(self.urls)}) are up (their /health answers 200), "
             f"or raise max_retries / backoff_max_s to wait out a restart; "
-            f"the samples already done are kept and a rerun resumes after them")
+            f"the samples already done are kept and a rerun resumes after them"
+        )
 
-    async def _attempt(self, session: aiohttp.ClientSession, url: str, sample_id: str,
-                       prompt_ids: list[int], sampling: Sampling, attempt: int) -> Reply:
+    async def _attempt(
+        self,
+        session: aiohttp.ClientSession,
+        url: str,
+        sample_id: str,
+        prompt_ids: list[int],
+        sampling: Sampling,
+        attempt: int,
+    ) -> Reply:
         body = json.dumps(request_body(sample_id, prompt_ids, sampling, attempt)).encode()
         start = time.monotonic()
         self.in_flight[url] += 1
@@ -251,8 +285,16 @@ class SGLangEngine:
             return Reply(completion, reply_json.get("meta_info") or {})
         if status >= 500 or status in RETRY_STATUS:
             raise _Retry(f"{url}: HTTP {status}: {error_message(payload)}")
-        return Reply(Completion(sample_id, [], "abort", latency,
-                                error=f"{url}: HTTP {status}: {error_message(payload)}"), {})
+        return Reply(
+            Completion(
+                sample_id,
+                [],
+                "abort",
+                latency,
+                error=f"{url}: HTTP {status}: {error_message(payload)}",
+            ),
+            {},
+        )
 
     def _pick_url(self, avoid: str | None) -> str:
         """The server with the fewest requests in flight; a retry goes elsewhere when it can."""
@@ -261,4 +303,4 @@ class SGLangEngine:
 
     def _backoff(self, attempt: int) -> float:
         """Exponential backoff with full jitter, so retrying clients do not arrive in step."""
-        return self._jitter.uniform(0, min(self.backoff_max_s, self.backoff_s * 2 ** attempt))
+        return self._jitter.uniform(0, min(self.backoff_max_s, self.backoff_s * 2**attempt))

@@ -9,6 +9,7 @@ stages.drafter.speculate, which leaves that token out: `tau_excluding_prefill` i
 compare with it. Throughput is output tokens per wall-clock second of each server at the same
 concurrency, the two servers measured one after the other so they never share the GPUs.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -22,17 +23,30 @@ from .sglang import Reply, SGLangEngine, SGLangError
 
 ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
 INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name
-SPECULATIVE_FIELDS = ("speculative_algorithm", "speculative_draft_model_path",
-                      "speculative_num_steps", "speculative_eagle_topk",
-                      "speculative_num_draft_tokens")
+SPECULATIVE_FIELDS = (
+    "speculative_algorithm",
+    "speculative_draft_model_path",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+)
 
 
 def speculative_args(drafter_dir: str, num_steps: int) -> list[str]:
     """launch_server flags that put the drafter in front of the target: a chain (topk 1) of
     `num_steps` drafts, verified with the target's own next token."""
-    return ["--speculative-algorithm", ALGORITHM, "--speculative-draft-model-path",
-            str(drafter_dir), "--speculative-num-steps", str(num_steps),
-            "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(num_steps + 1)]
+    return [
+        "--speculative-algorithm",
+        ALGORITHM,
+        "--speculative-draft-model-path",
+        str(drafter_dir),
+        "--speculative-num-steps",
+        str(num_steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(num_steps + 1),
+    ]
 
 
 def server_facts(url: str, timeout_s: float = 10.0) -> dict:
@@ -49,8 +63,7 @@ def server_facts(url: str, timeout_s: float = 10.0) -> dict:
             info = {**answer, **info}
             if "version" in info:
                 break
-    return {key: info[key] for key in ("version", "model_path", *SPECULATIVE_FIELDS)
-            if key in info}
+    return {key: info[key] for key in ("version", "model_path", *SPECULATIVE_FIELDS) if key in info}
 
 
 def check_speculative_server(facts: dict, url: str, num_steps: int) -> None:
@@ -58,25 +71,35 @@ def check_speculative_server(facts: dict, url: str, num_steps: int) -> None:
     if "speculative_algorithm" not in facts:
         return  # the server does not say: its replies will tell
     algorithm = facts["speculative_algorithm"]
-    expected = {"speculative_algorithm": ALGORITHM, "speculative_num_steps": num_steps,
-                "speculative_eagle_topk": 1, "speculative_num_draft_tokens": num_steps + 1}
+    expected = {
+        "speculative_algorithm": ALGORITHM,
+        "speculative_num_steps": num_steps,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": num_steps + 1,
+    }
     wrong = {k: facts[k] for k, v in expected.items() if facts.get(k, v) != v}
     if not algorithm:
-        raise SGLangError(f"{url} is not running speculative decoding (its /server_info has "
-                          f"speculative_algorithm {algorithm!r}); serve the target with "
-                          f"{' '.join(speculative_args('DRAFTER', num_steps))}")
+        raise SGLangError(
+            f"{url} is not running speculative decoding (its /server_info has "
+            f"speculative_algorithm {algorithm!r}); serve the target with "
+            f"{' '.join(speculative_args('DRAFTER', num_steps))}"
+        )
     if wrong:
-        raise SGLangError(f"{url} serves {wrong}, where this benchmark measures "
-                          f"{' '.join(speculative_args('DRAFTER', num_steps))} (EAGLE instead of "
-                          f"EAGLE3 gives tau about 1; other steps give another tau); relaunch it "
-                          f"or set the benchmark's num_steps to the server's")
+        raise SGLangError(
+            f"{url} serves {wrong}, where this benchmark measures "
+            f"{' '.join(speculative_args('DRAFTER', num_steps))} (EAGLE instead of "
+            f"EAGLE3 gives tau about 1; other steps give another tau); relaunch it "
+            f"or set the benchmark's num_steps to the server's"
+        )
 
 
 def check_plain_server(facts: dict, url: str) -> None:
     if facts.get("speculative_algorithm"):
-        raise SGLangError(f"{url} runs speculative decoding ({facts['speculative_algorithm']}), "
-                          f"so it is no baseline: serve the same target without --speculative-* "
-                          f"flags")
+        raise SGLangError(
+            f"{url} runs speculative decoding ({facts['speculative_algorithm']}), "
+            f"so it is no baseline: serve the same target without --speculative-* "
+            f"flags"
+        )
 
 
 @dataclass(frozen=True)
@@ -102,12 +125,16 @@ class ServerRun:
     @staticmethod
     def pooled(runs: list[ServerRun]) -> ServerRun:
         """Runs made one after the other, as one."""
-        return ServerRun(", ".join(dict.fromkeys(r.url for r in runs)),
-                         [reply for r in runs for reply in r.replies], sum(r.wall_s for r in runs))
+        return ServerRun(
+            ", ".join(dict.fromkeys(r.url for r in runs)),
+            [reply for r in runs for reply in r.replies],
+            sum(r.wall_s for r in runs),
+        )
 
 
-def measure(engine: SGLangEngine, requests: list[tuple[str, list[int]]],
-            sampling: Sampling) -> ServerRun:
+def measure(
+    engine: SGLangEngine, requests: list[tuple[str, list[int]]], sampling: Sampling
+) -> ServerRun:
     """Send every request, `engine.concurrency` in flight; a reply the measurement cannot count
     (aborted, or without completion_tokens) is an error, since holes would flatter the server."""
     url = ", ".join(engine.urls)
@@ -117,13 +144,17 @@ def measure(engine: SGLangEngine, requests: list[tuple[str, list[int]]],
     for reply in replies:
         done = reply.completion
         if done.finish_reason == "abort":
-            raise SGLangError(f"{url}: sample {done.sample_id} was aborted ({done.error}); every "
-                              f"request must finish to be measured (a prompt over the context "
-                              f"needs a smaller max_new_tokens or a larger --context-length)")
+            raise SGLangError(
+                f"{url}: sample {done.sample_id} was aborted ({done.error}); every "
+                f"request must finish to be measured (a prompt over the context "
+                f"needs a smaller max_new_tokens or a larger --context-length)"
+            )
         if not isinstance(reply.meta_info.get("completion_tokens"), int):
-            raise SGLangError(f"{url}/generate: the reply to sample {done.sample_id} has no "
-                              f"meta_info.completion_tokens; meta_info keys: "
-                              f"{sorted(reply.meta_info)}")
+            raise SGLangError(
+                f"{url}/generate: the reply to sample {done.sample_id} has no "
+                f"meta_info.completion_tokens; meta_info keys: "
+                f"{sorted(reply.meta_info)}"
+            )
     return ServerRun(url, replies, wall_s)
 
 
@@ -132,10 +163,10 @@ class Acceptance:
     """Verify-step counts of a speculative server's replies, pooled."""
 
     requests: int
-    completion_tokens: int   # the prefill's token included, as SGLang counts
+    completion_tokens: int  # the prefill's token included, as SGLang counts
     verify_steps: int
     histogram: list[int] | None  # verify steps that accepted k drafts, k = 0, 1, ...; None
-                                 # when a reply came without spec_accept_histogram
+    # when a reply came without spec_accept_histogram
 
     @property
     def tau(self) -> float:
@@ -152,8 +183,10 @@ class Acceptance:
             return None
         counts = self.histogram + [0] * (num_steps + 1 - len(self.histogram))
         reached = [sum(counts[j:]) for j in range(num_steps + 1)]
-        return ([_ratio(reached[j], reached[j - 1]) for j in range(1, num_steps + 1)],
-                [_ratio(reached[j], reached[0]) for j in range(1, num_steps + 1)])
+        return (
+            [_ratio(reached[j], reached[j - 1]) for j in range(1, num_steps + 1)],
+            [_ratio(reached[j], reached[0]) for j in range(1, num_steps + 1)],
+        )
 
 
 def acceptance(run: ServerRun) -> Acceptance:
@@ -170,7 +203,8 @@ def acceptance(run: ServerRun) -> Acceptance:
                     f"{reply.completion.sample_id} ({meta['completion_tokens']} tokens) has no "
                     f"meta_info.spec_verify_ct. Serve the target with --speculative-algorithm "
                     f"EAGLE3 --speculative-draft-model-path DRAFTER --speculative-num-steps N "
-                    f"--speculative-eagle-topk 1 --speculative-num-draft-tokens N+1")
+                    f"--speculative-eagle-topk 1 --speculative-num-draft-tokens N+1"
+                )
             continue
         verify += meta["spec_verify_ct"]
         histograms.append(meta.get("spec_accept_histogram"))
@@ -184,9 +218,11 @@ def check_no_speculation(run: ServerRun) -> None:
     """The baseline must decode token by token: a reply with spec_verify_ct says it does not."""
     for reply in run.replies:
         if "spec_verify_ct" in reply.meta_info:
-            raise SGLangError(f"{run.url} answered sample {reply.completion.sample_id} with "
-                              f"meta_info.spec_verify_ct: it runs speculative decoding, so it is "
-                              f"no baseline; serve the same target without --speculative-* flags")
+            raise SGLangError(
+                f"{run.url} answered sample {reply.completion.sample_id} with "
+                f"meta_info.spec_verify_ct: it runs speculative decoding, so it is "
+                f"no baseline; serve the same target without --speculative-* flags"
+            )
 
 
 def compare(spec: ServerRun, base: ServerRun, num_steps: int) -> dict:
@@ -209,8 +245,9 @@ def compare(spec: ServerRun, base: ServerRun, num_steps: int) -> dict:
         "speedup": _round(_ratio(spec.tokens_per_s, base.tokens_per_s), 3),
         "spec_mean_latency_s": _round(_mean_latency(spec)),
         "base_mean_latency_s": _round(_mean_latency(base)),
-        "outputs_equal_baseline": sum(base_outputs.get(sid) == ids
-                                      for sid, ids in spec.outputs.items()),
+        "outputs_equal_baseline": sum(
+            base_outputs.get(sid) == ids for sid, ids in spec.outputs.items()
+        ),
     }
 
 

@@ -5,6 +5,7 @@ goes to a log file, the launch waits for /health and, when the server dies or ne
 fails with the tail of that log. The server runs in its own process group, stopped at exit, on
 Ctrl-C and on SIGTERM.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -17,21 +18,28 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
 from ..runtime.parallel import NCCL_ENV
 from . import EngineError
 
+
 class ServerError(EngineError):
     """The server did not start or did not get healthy; the message holds its log's tail."""
 
 
-def launch_command(model_path: str, server_args: dict, extra_args: list[str] = (), *,
-                   trust_remote_code: bool = False, module: str = "sglang.launch_server",
-                   python: str = sys.executable) -> list[str]:
+def launch_command(
+    model_path: str,
+    server_args: dict,
+    extra_args: list[str] = (),
+    *,
+    trust_remote_code: bool = False,
+    module: str = "sglang.launch_server",
+    python: str = sys.executable,
+) -> list[str]:
     """`python -m sglang.launch_server --model-path M` and one flag per set server argument:
     `tp_size: 8` gives `--tp-size 8`, `true` a bare flag, `false` and null nothing."""
     command = [python, "-m", module, "--model-path", str(model_path)]
@@ -58,8 +66,9 @@ def is_healthy(url: str, timeout_s: float = 5.0) -> bool:
         return False
 
 
-def wait_healthy(url: str, timeout_s: float, poll_s: float = 1.0,
-                 failed: Callable[[], str | None] = lambda: None) -> float:
+def wait_healthy(
+    url: str, timeout_s: float, poll_s: float = 1.0, failed: Callable[[], str | None] = lambda: None
+) -> float:
     """Poll /health until it answers 200 (SGLang answers 503 while loading); return the seconds
     waited. `failed` says why waiting is pointless (the process exited), or None."""
     start = time.monotonic()
@@ -87,15 +96,22 @@ class SGLangServer:
 
     def start(self) -> SGLangServer:
         if is_healthy(self.url):
-            raise ServerError(f"{self.url} already answers /health (a server left from an earlier "
-                              f"run?): stop it, or attach to it instead of launching one")
+            raise ServerError(
+                f"{self.url} already answers /health (a server left from an earlier "
+                f"run?): stop it, or attach to it instead of launching one"
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         print(f"[sglang] {shlex.join(self.command)}", file=sys.stderr, flush=True)
         print(f"[sglang] log: {self.log_path}", file=sys.stderr, flush=True)
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **NCCL_ENV}, start_new_session=True)
+                self.command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **NCCL_ENV},
+                start_new_session=True,
+            )
         return self
 
     def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> float:
@@ -103,8 +119,10 @@ class SGLangServer:
             return wait_healthy(self.url, timeout_s, poll_s, failed=self._exited)
         except ServerError as err:
             self.stop()
-            raise ServerError(f"{err}; command: {shlex.join(self.command)}\n"
-                              f"last lines of {self.log_path}:\n{self.log_tail()}") from None
+            raise ServerError(
+                f"{err}; command: {shlex.join(self.command)}\n"
+                f"last lines of {self.log_path}:\n{self.log_tail()}"
+            ) from None
 
     def stop(self, grace_s: float = 30.0) -> None:
         """SIGTERM to the process group, SIGKILL after `grace_s`: SGLang's scheduler and
@@ -139,8 +157,13 @@ class SGLangServer:
         self.stop()
 
 
-def start_server(command: list[str], url: str, health_timeout_s: float = 1800.0,
-                 log_path: str | Path | None = None, poll_s: float = 1.0) -> SGLangServer:
+def start_server(
+    command: list[str],
+    url: str,
+    health_timeout_s: float = 1800.0,
+    log_path: str | Path | None = None,
+    poll_s: float = 1.0,
+) -> SGLangServer:
     """Start a server that lives as long as this process: stopped at exit, on Ctrl-C (which
     ends the process through KeyboardInterrupt) and on SIGTERM; return it once healthy."""
     server = SGLangServer(command, url, log_path).start()
@@ -153,6 +176,8 @@ def start_server(command: list[str], url: str, health_timeout_s: float = 1800.0,
 
 def _exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit, so atexit handlers (stopping servers) run."""
-    if (threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+    if (
+        threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

@@ -11,6 +11,7 @@ A conversation stops after a failed turn, and before a turn whose prompt would b
 the prompt limit (counted as `stopped_at_prompt_limit`). Later turns go before new samples, so a
 conversation's prefix is still in the server's cache and a kill leaves few conversations halfway.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -21,8 +22,9 @@ from ..target.tokens import TokenRoles
 from . import Completion
 
 
-def next_turn_prompt(prompt_ids: list[int], output_ids: list[int], delta: list[int],
-                     end_of_turn: int) -> list[int]:
+def next_turn_prompt(
+    prompt_ids: list[int], output_ids: list[int], delta: list[int], end_of_turn: int
+) -> list[int]:
     """Turn k+1's prompt from turn k's prompt and output and the template's ids between them."""
     closed = output_ids if output_ids[-1:] == [end_of_turn] else [*output_ids, end_of_turn]
     return [*prompt_ids, *closed, *delta]
@@ -40,8 +42,10 @@ class Sample:
     def has_unsent(self) -> bool:
         """Whether a request is ready or a sample was never sent; nothing to send with nothing in
         flight means the dataset is done (a resumed run then needs no engine at all)."""
-        return bool(self.ready) or any(s.turns == 0 and self._request_id(s) not in self.in_flight
-                                       for s in self.samples.values())
+        return bool(self.ready) or any(
+            s.turns == 0 and self._request_id(s) not in self.in_flight
+            for s in self.samples.values()
+        )
 
     @property
     def planned_turns(self) -> int:
@@ -55,8 +59,13 @@ class TurnQueue:
     resumed run continues every conversation where it stopped).
     """
 
-    def __init__(self, prompts: list[dict], done: dict[str, tuple[int, dict]],
-                 settings: PromptSettings, roles: TokenRoles):
+    def __init__(
+        self,
+        prompts: list[dict],
+        done: dict[str, tuple[int, dict]],
+        settings: PromptSettings,
+        roles: TokenRoles,
+    ):
         self.settings, self.roles = settings, roles
         self.samples = {r["sample_id"]: Sample(r) for r in prompts}
         self.ready: deque[tuple[Sample, list[int]]] = deque()  # later turns, before new samples
@@ -83,20 +92,29 @@ class TurnQueue:
         """The prompt columns of the raw row for `done`; queues the sample's next turn."""
         sample, prompt = self.in_flight.pop(done.sample_id)
         sample.turns += 1
-        sample.last = dict(prompt_ids=prompt, output_ids=done.output_ids,
-                           finish_reason=done.finish_reason)
+        sample.last = dict(
+            prompt_ids=prompt, output_ids=done.output_ids, finish_reason=done.finish_reason
+        )
         self._queue_next(sample)
         row = sample.row
-        return dict(sample_id=row["sample_id"], dataset=row["dataset"], turn=sample.turns,
-                    messages=row["messages"], tools=row["tools"], prompt_ids=prompt,
-                    prompt_len=len(prompt),
-                    reasoning_open=self.roles.think is not None and prompt[-1] == self.roles.think)
+        return dict(
+            sample_id=row["sample_id"],
+            dataset=row["dataset"],
+            turn=sample.turns,
+            messages=row["messages"],
+            tools=row["tools"],
+            prompt_ids=prompt,
+            prompt_len=len(prompt),
+            reasoning_open=self.roles.think is not None and prompt[-1] == self.roles.think,
+        )
 
     def has_unsent(self) -> bool:
         """Whether a request is ready or a sample was never sent; nothing to send with nothing in
         flight means the dataset is done (a resumed run then needs no engine at all)."""
-        return bool(self.ready) or any(s.turns == 0 and self._request_id(s) not in self.in_flight
-                                       for s in self.samples.values())
+        return bool(self.ready) or any(
+            s.turns == 0 and self._request_id(s) not in self.in_flight
+            for s in self.samples.values()
+        )
 
     @property
     def planned_turns(self) -> int:
@@ -114,12 +132,19 @@ class TurnQueue:
 
     def _queue_next(self, sample: Sample) -> None:
         last = sample.last
-        if (not self.settings.all_turns or sample.turns >= sample.planned_turns
-                or last["finish_reason"] == "abort" or not last["output_ids"]):
+        if (
+            not self.settings.all_turns
+            or sample.turns >= sample.planned_turns
+            or last["finish_reason"] == "abort"
+            or not last["output_ids"]
+        ):
             return
-        prompt = next_turn_prompt(last["prompt_ids"], last["output_ids"],
-                                  sample.row["turn_deltas"][sample.turns - 1],
-                                  self.roles.end_of_turn)
+        prompt = next_turn_prompt(
+            last["prompt_ids"],
+            last["output_ids"],
+            sample.row["turn_deltas"][sample.turns - 1],
+            self.roles.end_of_turn,
+        )
         limit = self.settings.max_prompt_tokens
         if limit is not None and len(prompt) > limit:
             sample.stopped_at_limit = True

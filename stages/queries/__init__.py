@@ -1,4 +1,5 @@
 """The DuckDB SQL behind the merge and the quality report: one file per question."""
+
 from __future__ import annotations
 
 from pathlib import Path

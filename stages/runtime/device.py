@@ -1,4 +1,5 @@
 """Where tensors go: the device an `auto` setting means here, and torch's CPU threads."""
+
 from __future__ import annotations
 
 import torch

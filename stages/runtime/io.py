@@ -3,6 +3,7 @@
 Every output is written to a temporary sibling and renamed into place when complete, so a killed
 stage never leaves a half-written file where a later stage would read it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,8 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -54,13 +55,18 @@ def remove_stale_temps(directory: Path | str) -> list[Path]:
     directory shared between hosts needs every host's writers stopped first).
     """
     directory = Path(directory)
-    stale = [p for p in directory.glob(".*.tmp-*")
-             if (m := _TEMP.match(p.name)) and not _running(int(m.group(1)))]
+    stale = [
+        p
+        for p in directory.glob(".*.tmp-*")
+        if (m := _TEMP.match(p.name)) and not _running(int(m.group(1)))
+    ]
     for path in stale:
         _remove(path)
     if stale:
-        print(f"[io] removed {len(stale)} temp file(s) of killed processes in {directory}: "
-              f"{', '.join(p.name for p in stale)}")
+        print(
+            f"[io] removed {len(stale)} temp file(s) of killed processes in {directory}: "
+            f"{', '.join(p.name for p in stale)}"
+        )
     return stale
 
 
@@ -124,8 +130,14 @@ class Progress:
     Plain text lines (not a live bar) so the output stays readable in `dvc repro` logs and CI.
     """
 
-    def __init__(self, label: str, total_items: int, token_budget: int | None = None,
-                 every_s: float = 2.0, stream=sys.stderr):
+    def __init__(
+        self,
+        label: str,
+        total_items: int,
+        token_budget: int | None = None,
+        every_s: float = 2.0,
+        stream=sys.stderr,
+    ):
         self.label, self.total_items, self.token_budget = label, total_items, token_budget
         self.items = self.tokens = 0
         self.every_s, self.stream = every_s, stream
@@ -147,9 +159,11 @@ class Progress:
         if self.token_budget:
             eta = min(eta, max(self.token_budget - self.tokens, 0) / max(rate, 1e-9))
         budget = f"/{self.token_budget:,}" if self.token_budget else ""
-        return (f"[{self.label}] {self.items}/{self.total_items} samples  "
-                f"{self.tokens:,}{budget} tokens  {rate:,.0f} tok/s  "
-                f"elapsed {_hms(elapsed)}  eta {_hms(eta) if self.items else '?'}")
+        return (
+            f"[{self.label}] {self.items}/{self.total_items} samples  "
+            f"{self.tokens:,}{budget} tokens  {rate:,.0f} tok/s  "
+            f"elapsed {_hms(elapsed)}  eta {_hms(eta) if self.items else '?'}"
+        )
 
 
 def _hms(seconds: float) -> str:

@@ -1,5 +1,6 @@
 """Process groups under torchrun (extract, train): one place that reads the torchrun environment,
 applies the NCCL settings the project needs, and picks each rank's GPU."""
+
 from __future__ import annotations
 
 import os
@@ -9,8 +10,11 @@ import torch
 
 # NVLink multicast (NVLS) hangs or fails on shared and partitioned GPU hosts; collectives work
 # without it at a small cost. Also applied to the SGLang servers the pipeline launches.
-NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-            "NVSHMEM_DISABLE_NVLS": "1"}
+NCCL_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
 
 
 @dataclass

@@ -7,6 +7,7 @@
 Each format is an adapter: given the `columns` mapping (only format "columns" takes one) it returns
 the function that turns one row into a Conversation. Adding a format is one entry in FORMATS.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
@@ -20,17 +21,26 @@ from .rows import RowError, SourceError, read_rows
 RowParser = Callable[[Mapping], Conversation]
 Adapter = Callable[[Mapping[str, str] | None], RowParser]
 
-__all__ = ["Conversation", "FORMATS", "SourceError", "prompt_messages", "read_conversations",
-           "turn_bounds"]
+__all__ = [
+    "Conversation",
+    "FORMATS",
+    "SourceError",
+    "prompt_messages",
+    "read_conversations",
+    "turn_bounds",
+]
 
 
 def _fixed(parse: RowParser) -> Adapter:
     """The adapter of a format with a fixed schema, which takes no column mapping."""
+
     def adapter(columns: Mapping[str, str] | None) -> RowParser:
         if columns is not None:
-            raise ValueError("this format has a fixed schema; a column mapping needs format "
-                             "'columns'")
+            raise ValueError(
+                "this format has a fixed schema; a column mapping needs format 'columns'"
+            )
         return parse
+
     return adapter
 
 
@@ -49,9 +59,13 @@ FORMATS: dict[str, Adapter] = {
 }
 
 
-def read_conversations(path: str | Path, format: str, *, columns: Mapping[str, str] | None = None,
-                       on_bad_row: Callable[[SourceError], None] | None = None
-                       ) -> Iterator[Conversation]:
+def read_conversations(
+    path: str | Path,
+    format: str,
+    *,
+    columns: Mapping[str, str] | None = None,
+    on_bad_row: Callable[[SourceError], None] | None = None,
+) -> Iterator[Conversation]:
     """The file's conversations, in file order.
 
     An unknown format, a bad column mapping, or a missing or unreadable file raises SourceError at
@@ -59,8 +73,9 @@ def read_conversations(path: str | Path, format: str, *, columns: Mapping[str, s
     role) raises SourceError, or, when `on_bad_row` is given, is passed to it and skipped.
     """
     if format not in FORMATS:
-        raise SourceError(path, None, f"unknown format {format!r}; known formats: "
-                          f"{', '.join(FORMATS)}")
+        raise SourceError(
+            path, None, f"unknown format {format!r}; known formats: {', '.join(FORMATS)}"
+        )
     try:
         parse = FORMATS[format](columns)
     except ValueError as err:
@@ -68,8 +83,9 @@ def read_conversations(path: str | Path, format: str, *, columns: Mapping[str, s
     return _conversations(read_rows(path, on_bad_row), parse, path, on_bad_row)
 
 
-def _conversations(rows, parse: RowParser, path: str | Path,
-                   on_bad_row: Callable[[SourceError], None] | None) -> Iterator[Conversation]:
+def _conversations(
+    rows, parse: RowParser, path: str | Path, on_bad_row: Callable[[SourceError], None] | None
+) -> Iterator[Conversation]:
     for row in rows:
         try:
             yield parse(row.record)

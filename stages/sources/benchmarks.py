@@ -9,6 +9,7 @@ are left out).
   the dataset does not have: the target writes it when every turn is rewritten (`turn_bounds`);
   the prompt for the last turn alone (`prompt_messages`) is the first question.
 """
+
 from collections.abc import Mapping
 
 from .columns import ColumnMapping

@@ -5,6 +5,7 @@
 - Magicoder OSS-Instruct: `lang, raw_index, index, seed, openai_fingerprint, problem, solution`
 - Magicoder Evol-Instruct: `instruction, response` (no id column: rows are hashed)
 """
+
 from .columns import ColumnMapping
 
 OPENCODEINSTRUCT = ColumnMapping(prompt="input", response="output", id="id")

@@ -8,6 +8,7 @@
 `tools` may be null in a row, which then has none. Without `id`, a row's id is a hash of the row.
 The fixed single-turn formats (code_instruct, benchmarks) are mappings too.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -39,8 +40,10 @@ class ColumnMapping:
         """Checks keys and values, naming the bad one: params.yaml errors surface here."""
         known = [f.name for f in fields(cls)]
         if not isinstance(mapping, Mapping) or not mapping:
-            raise ValueError(f"format 'columns' needs a mapping of {', '.join(known)} to column "
-                             "names, e.g. {prompt: question, response: answer}")
+            raise ValueError(
+                f"format 'columns' needs a mapping of {', '.join(known)} to column "
+                "names, e.g. {prompt: question, response: answer}"
+            )
         for key, column in mapping.items():
             if key not in known:
                 raise ValueError(f"unknown column mapping key {key!r}; expected {', '.join(known)}")

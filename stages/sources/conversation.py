@@ -6,6 +6,7 @@ str}`. An assistant message may carry `tool_calls` (`[{"id", "type": "function",
 the call it answers. An assistant message with content None is a reply the source leaves for the
 target to write (MT-bench's second question follows an answer the dataset does not have).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,9 +20,9 @@ from .rows import RowError, json_type, require
 
 @dataclass(frozen=True)
 class Conversation:
-    source_id: str             # the row's own id, else a short hash of the row
-    messages: list[dict]       # the whole conversation, canonical messages
-    tools: list[dict] | None   # [{"type": "function", "function": {name, description, parameters}}]
+    source_id: str  # the row's own id, else a short hash of the row
+    messages: list[dict]  # the whole conversation, canonical messages
+    tools: list[dict] | None  # [{"type": "function", "function": {name, description, parameters}}]
 
 
 ANSWERED_ROLES = ("user", "tool")  # the messages an assistant turn replies to
@@ -37,7 +38,7 @@ def prompt_messages(messages: list[dict]) -> list[dict]:
     user turn or tool result before any reply the source lacks, so the target writes the reply
     that follows."""
     known = next((i for i, m in enumerate(messages) if is_unwritten(m)), len(messages))
-    return messages[:_through_last_question(messages, 0, known)]
+    return messages[: _through_last_question(messages, 0, known)]
 
 
 def turn_bounds(messages: list[dict]) -> list[tuple[int, int]]:
@@ -57,15 +58,19 @@ def turn_bounds(messages: list[dict]) -> list[tuple[int, int]]:
         if messages[i]["role"] != "assistant":
             i += 1
             continue
-        end = next((j for j in range(i, len(messages)) if messages[j]["role"] != "assistant"),
-                   len(messages))
+        end = next(
+            (j for j in range(i, len(messages)) if messages[j]["role"] != "assistant"),
+            len(messages),
+        )
         replies = i > start and messages[i - 1]["role"] in ANSWERED_ROLES
         if replies and not (end < len(messages) and messages[end]["role"] == "tool"):
             bounds.append((start, i))
             start = end
         elif any(is_unwritten(m) for m in messages[i:end]):
-            raise ValueError(f"message {i} is a reply left to the target, but it does not "
-                             "answer a user turn, or a tool result follows it")
+            raise ValueError(
+                f"message {i} is a reply left to the target, but it does not "
+                "answer a user turn, or a tool result follows it"
+            )
         i = end
     if start < len(messages):
         last = _through_last_question(messages, start, len(messages), required=not bounds)
@@ -74,11 +79,13 @@ def turn_bounds(messages: list[dict]) -> list[tuple[int, int]]:
     return bounds
 
 
-def _through_last_question(messages: list[dict], start: int, end: int,
-                           required: bool = True) -> int:
+def _through_last_question(
+    messages: list[dict], start: int, end: int, required: bool = True
+) -> int:
     """The end of `messages[start:end]` cut after its last user turn or tool result."""
-    last = max((i for i in range(start, end) if messages[i]["role"] in ANSWERED_ROLES),
-               default=None)
+    last = max(
+        (i for i in range(start, end) if messages[i]["role"] in ANSWERED_ROLES), default=None
+    )
     if last is None:
         if required:
             raise ValueError("the conversation has no user turn or tool result to reply to")
@@ -92,8 +99,9 @@ def row_id(record: Mapping, *id_fields: str) -> str:
     for name in id_fields:
         if record.get(name) is not None:
             return id_text(record, name)
-    canonical = json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
-                           default=str)
+    canonical = json.dumps(
+        record, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
@@ -123,8 +131,10 @@ def tools_list(value: Any, where: str = "tools") -> list[dict] | None:
         return None
     if not isinstance(value, list):
         raise RowError(f"{where} is {json_type(value)}, expected a list of function definitions")
-    return [{"type": "function", "function": _function(spec, f"{where}[{i}]")}
-            for i, spec in enumerate(value)]
+    return [
+        {"type": "function", "function": _function(spec, f"{where}[{i}]")}
+        for i, spec in enumerate(value)
+    ]
 
 
 def _function(spec: Any, where: str) -> dict:
@@ -152,13 +162,17 @@ def tool_call(spec: Any, where: str) -> dict:
         except json.JSONDecodeError as err:
             raise RowError(f"{where}: arguments of {name!r} are not valid JSON ({err})") from None
     if not isinstance(arguments, Mapping):
-        raise RowError(f"{where}: arguments of {name!r} are {json_type(arguments)}, "
-                       "expected a JSON object")
+        raise RowError(
+            f"{where}: arguments of {name!r} are {json_type(arguments)}, expected a JSON object"
+        )
     call_id = spec.get("id")
     if call_id is not None and not isinstance(call_id, str):
         raise RowError(f"{where}: id is {json_type(call_id)}, expected a string")
-    return {"id": call_id or None, "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+    return {
+        "id": call_id or None,
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+    }
 
 
 class Turns:
@@ -194,11 +208,22 @@ class Turns:
         """A reply the source does not have: the target writes it when it rewrites every turn."""
         self.messages.append({"role": "assistant", "content": None})
 
-    def tool(self, text: str, call_id: str | None = None, name: str | None = None,
-             where: str = "tool result") -> None:
+    def tool(
+        self,
+        text: str,
+        call_id: str | None = None,
+        name: str | None = None,
+        where: str = "tool result",
+    ) -> None:
         call = self._answered_call(call_id, where)
-        self.messages.append({"role": "tool", "content": text, "tool_call_id": call["id"],
-                              "name": name or call["function"]["name"]})
+        self.messages.append(
+            {
+                "role": "tool",
+                "content": text,
+                "tool_call_id": call["id"],
+                "name": name or call["function"]["name"],
+            }
+        )
 
     def build(self) -> list[dict]:
         if not any(message["role"] == "user" for message in self.messages):
@@ -219,6 +244,8 @@ class Turns:
             if call_id is None or call["id"] == call_id:
                 return self._open_calls.pop(i)
         if call_id is None:
-            raise RowError(f"{where} answers no open tool call; a tool result must follow the "
-                           "assistant turn that made the call")
+            raise RowError(
+                f"{where} answers no open tool call; a tool result must follow the "
+                "assistant turn that made the call"
+            )
         raise RowError(f"{where} answers call id {call_id!r}, which no open tool call has")

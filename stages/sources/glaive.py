@@ -12,6 +12,7 @@ is usually a JSON object wrapped in single quotes (so the call is not JSON), wit
 raw newlines inside; `<|endoftext|>` ends assistant turns and is dropped; turns are separated by
 any whitespace, not only blank lines.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,9 +26,11 @@ END_OF_TURN = "<|endoftext|>"
 CALL_TAG = "<functioncall>"
 SPEAKER = re.compile(r"(?:^|(?<=\s))(USER|ASSISTANT|FUNCTION RESPONSE):")
 # {"name": "f", "arguments": '<JSON>'}: the quoted JSON runs to the last quote before the brace.
-QUOTED_ARGUMENTS = re.compile(r"""\{\s* "name" \s*:\s* (?P<name> "(?:[^"\\]|\\.)*" ) \s*,\s*
+QUOTED_ARGUMENTS = re.compile(
+    r"""\{\s* "name" \s*:\s* (?P<name> "(?:[^"\\]|\\.)*" ) \s*,\s*
                                   "arguments" \s*:\s* '(?P<arguments>.*)' \s*\}""",
-                              re.DOTALL | re.VERBOSE)
+    re.DOTALL | re.VERBOSE,
+)
 
 
 def parse_row(record: Mapping) -> Conversation:
@@ -53,8 +56,9 @@ def split_system(system: str) -> tuple[str, list[dict] | None]:
     if start < 0:
         return text, None
     instructions = text[:start].rstrip().removesuffix("-").rstrip()
-    return instructions, [{"type": "function", "function": spec}
-                          for spec in _json_objects(text[start:], "system")]
+    return instructions, [
+        {"type": "function", "function": spec} for spec in _json_objects(text[start:], "system")
+    ]
 
 
 def _json_objects(text: str, where: str) -> list[dict]:
@@ -64,11 +68,13 @@ def _json_objects(text: str, where: str) -> list[dict]:
         try:
             value, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError as err:
-            raise RowError(f"{where}: function definition {len(objects) + 1} is not valid JSON "
-                           f"({err})") from None
+            raise RowError(
+                f"{where}: function definition {len(objects) + 1} is not valid JSON ({err})"
+            ) from None
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-            raise RowError(f"{where}: function definition {len(objects) + 1} is not an object "
-                           "with a name")
+            raise RowError(
+                f"{where}: function definition {len(objects) + 1} is not an object with a name"
+            )
         objects.append(value)
     return objects
 
@@ -84,8 +90,10 @@ def split_chat(chat: str) -> list[tuple[str, str]]:
     pieces = SPEAKER.split(chat)
     if pieces[0].strip():
         raise RowError(f"chat must start with 'USER:', found {pieces[0].strip()[:60]!r}")
-    return [(speaker, text.replace(END_OF_TURN, "").strip())
-            for speaker, text in zip(pieces[1::2], pieces[2::2])]
+    return [
+        (speaker, text.replace(END_OF_TURN, "").strip())
+        for speaker, text in zip(pieces[1::2], pieces[2::2])
+    ]
 
 
 def parse_call(text: str, where: str) -> dict:
@@ -96,7 +104,8 @@ def parse_call(text: str, where: str) -> dict:
     except json.JSONDecodeError:
         quoted = QUOTED_ARGUMENTS.fullmatch(text)
         if quoted is None:
-            raise RowError(f"{where}: {CALL_TAG} is not {{\"name\": ..., \"arguments\": ...}}: "
-                           f"{text[:80]!r}") from None
+            raise RowError(
+                f'{where}: {CALL_TAG} is not {{"name": ..., "arguments": ...}}: {text[:80]!r}'
+            ) from None
         call = {"name": json.loads(quoted["name"]), "arguments": quoted["arguments"]}
     return tool_call(call, where)

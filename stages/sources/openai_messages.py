@@ -4,6 +4,7 @@
 `content` may be a string or a list of text parts; assistant turns may carry `tool_calls`, tool
 turns a `tool_call_id`. `developer` (OpenAI's newer name for system) is read as system.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -12,15 +13,21 @@ from typing import Any
 from .conversation import Conversation, Turns, json_value, row_id, tool_call, tools_list
 from .rows import RowError, json_type, require
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-         "tool": "tool"}
+ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 
 def parse_row(record: Mapping) -> Conversation:
     turns = Turns()
     add_messages(turns, require(record, "messages", (list, str)), "messages")
-    return Conversation(row_id(record, "prompt_id", "id"), turns.build(),
-                        tools_list(record.get("tools")))
+    return Conversation(
+        row_id(record, "prompt_id", "id"), turns.build(), tools_list(record.get("tools"))
+    )
 
 
 def add_messages(turns: Turns, messages: Any, where: str) -> None:
@@ -31,8 +38,9 @@ def add_messages(turns: Turns, messages: Any, where: str) -> None:
     for i, message in enumerate(messages):
         at = f"{where}[{i}]"
         if not isinstance(message, Mapping):
-            raise RowError(f"{at} is {json_type(message)}, expected an object with role and "
-                           "content")
+            raise RowError(
+                f"{at} is {json_type(message)}, expected an object with role and content"
+            )
         role = require(message, "role", str, at)
         if role not in ROLES:
             raise RowError(f"{at}: unknown role {role!r}; expected one of {', '.join(ROLES)}")

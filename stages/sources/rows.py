@@ -4,6 +4,7 @@ Every adapter reads its file through here, so a bad row is always reported the s
 the row (the line of a JSON Lines file, the element of a JSON list, the row of a Parquet file) and
 what is wrong with it.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -41,13 +42,14 @@ class RowError(ValueError):
 
 @dataclass(frozen=True)
 class Row:
-    number: int    # 1-based: the line of a JSON Lines file, else the row's index + 1
-    unit: str      # "line" or "row", for messages
+    number: int  # 1-based: the line of a JSON Lines file, else the row's index + 1
+    unit: str  # "line" or "row", for messages
     record: dict
 
 
-def read_rows(path: str | Path,
-              on_bad_row: Callable[[SourceError], None] | None = None) -> Iterator[Row]:
+def read_rows(
+    path: str | Path, on_bad_row: Callable[[SourceError], None] | None = None
+) -> Iterator[Row]:
     """The file's rows, streamed where the format allows (JSON Lines, Parquet, JSON lists).
 
     A missing file or an unknown suffix fails here, before iteration. A JSON Lines line that is not
@@ -71,12 +73,17 @@ def read_rows(path: str | Path,
     return _objects_only(path, rows, on_bad_row)
 
 
-def _objects_only(path: Path, rows: Iterator[Row | SourceError],
-                  on_bad_row: Callable[[SourceError], None] | None) -> Iterator[Row]:
+def _objects_only(
+    path: Path, rows: Iterator[Row | SourceError], on_bad_row: Callable[[SourceError], None] | None
+) -> Iterator[Row]:
     for row in rows:
         if isinstance(row, Row) and not isinstance(row.record, Mapping):
-            row = SourceError(path, row.number, f"is {json_type(row.record)}, expected an object "
-                              "with the dataset's fields", row.unit)
+            row = SourceError(
+                path,
+                row.number,
+                f"is {json_type(row.record)}, expected an object with the dataset's fields",
+                row.unit,
+            )
         if isinstance(row, SourceError):
             if on_bad_row is None:
                 raise row
@@ -90,8 +97,11 @@ def _open_binary(path: Path) -> BinaryIO:
 
 
 def _open_text(path: Path) -> TextIO:
-    return gzip.open(path, "rt", encoding="utf-8-sig") if path.name.lower().endswith(".gz") \
+    return (
+        gzip.open(path, "rt", encoding="utf-8-sig")
+        if path.name.lower().endswith(".gz")
         else open(path, encoding="utf-8-sig")
+    )
 
 
 def _first_char(path: Path) -> str:
@@ -115,8 +125,12 @@ def _json_lines_rows(path: Path) -> Iterator[Row | SourceError]:
                 try:
                     yield Row(number, "line", json.loads(line))
                 except ValueError as err:  # JSONDecodeError, or bytes that are not UTF-8
-                    yield SourceError(path, number, f"not valid JSON ({err}); each line must "
-                                      "hold one JSON object", "line")
+                    yield SourceError(
+                        path,
+                        number,
+                        f"not valid JSON ({err}); each line must hold one JSON object",
+                        "line",
+                    )
     except (OSError, EOFError) as err:  # a broken or truncated .gz
         raise SourceError(path, number + 1, f"cannot read the file ({err})", "line") from None
 
@@ -128,8 +142,12 @@ def _json_list_rows(path: Path) -> Iterator[Row]:
             for index, record in enumerate(reader):
                 yield Row(index + 1, "row", record)
         except ValueError as err:
-            raise SourceError(path, reader.count + 1, f"not valid JSON ({err}); a .json file must "
-                              "hold one JSON list of objects, or one object per line") from None
+            raise SourceError(
+                path,
+                reader.count + 1,
+                f"not valid JSON ({err}); a .json file must "
+                "hold one JSON list of objects, or one object per line",
+            ) from None
 
 
 class _JsonListReader:
@@ -151,8 +169,10 @@ class _JsonListReader:
         while (char := self._next_char()) != "]":
             if self.count:
                 if char != ",":
-                    raise ValueError(f"expected ',' or ']' after element {self.count}, "
-                                     f"found {char or 'the end of the file'!r}")
+                    raise ValueError(
+                        f"expected ',' or ']' after element {self.count}, "
+                        f"found {char or 'the end of the file'!r}"
+                    )
                 self.pos += 1
                 self._next_char()
             yield self._element()
@@ -186,7 +206,7 @@ class _JsonListReader:
     def _read_more(self) -> None:
         """Drop the decoded text and append at least as much again: an element of any size fits."""
         chunk = self.stream.read(max(_CHUNK_CHARS, len(self.text) - self.pos))
-        self.text, self.pos, self.eof = self.text[self.pos:] + chunk, 0, not chunk
+        self.text, self.pos, self.eof = self.text[self.pos :] + chunk, 0, not chunk
 
 
 def _parquet_rows(path: Path) -> Iterator[Row]:
@@ -209,8 +229,16 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
-_JSON_TYPES = {type(None): "null", bool: "a boolean", int: "a number", float: "a number",
-               str: "a string", Mapping: "an object", list: "a list", tuple: "a list"}
+_JSON_TYPES = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    str: "a string",
+    Mapping: "an object",
+    list: "a list",
+    tuple: "a list",
+}
 
 
 def require(record: Mapping, name: str, kind: type | tuple[type, ...], where: str = "") -> Any:

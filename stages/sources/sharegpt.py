@@ -5,6 +5,7 @@ Also LLaMA-Factory's ShareGPT variant, which Glaive's converted function-calling
 tool's result), an optional `system` string and `tools` (a JSON string of function definitions).
 Turns are kept in their order, a leading assistant turn included; empty turns are dropped.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -14,11 +15,17 @@ from .rows import RowError, json_type, require
 
 # ShareGPT dumps name the assistant after the product the chat was shared from.
 SPEAKERS = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
     "bard": "assistant",
     "system": "system",
-    "function_call": "call", "observation": "tool", "tool": "tool",
+    "function_call": "call",
+    "observation": "tool",
+    "tool": "tool",
 }
 
 
@@ -35,8 +42,9 @@ def parse_row(record: Mapping) -> Conversation:
         text = require(turn, "value", str, where)
         role = SPEAKERS.get(speaker.lower())
         if role is None:
-            raise RowError(f"{where}: unknown speaker {speaker!r}; expected one of "
-                           f"{', '.join(SPEAKERS)}")
+            raise RowError(
+                f"{where}: unknown speaker {speaker!r}; expected one of {', '.join(SPEAKERS)}"
+            )
         if role == "call":
             calls = json_value(text, where)
             calls = calls if isinstance(calls, list) else [calls]

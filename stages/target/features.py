@@ -4,6 +4,7 @@
 Hooks keep only the tapped layers; `output_hidden_states=True` would keep every layer, and the
 LM head over the whole vocabulary is never run. This forward is the one extraction benchmarks time.
 """
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,10 @@ def decoder_parts(model) -> tuple[nn.Module, nn.ModuleList, nn.Module]:
     layers = getattr(base, "layers", None)
     norm = getattr(base, "norm", None)
     if layers is None or norm is None:
-        raise ValueError(f"{type(model).__name__}: no `layers` / `norm` on its decoder; hidden-state "
-                         f"capture supports Llama-style decoders (Llama, Qwen, Mistral, DeepSeek...)")
+        raise ValueError(
+            f"{type(model).__name__}: no `layers` / `norm` on its decoder; hidden-state "
+            f"capture supports Llama-style decoders (Llama, Qwen, Mistral, DeepSeek...)"
+        )
     return base, layers, norm
 
 
@@ -33,8 +36,10 @@ class FeatureExtractor:
         self.base, layers, norm = decoder_parts(model)
         bad = [i for i in aux_indices if not 0 <= i < len(layers)]
         if bad:
-            raise ValueError(f"HF hidden-state indices {bad} are outside "
-                             f"0..{len(layers) - 1} for a {len(layers)}-layer target")
+            raise ValueError(
+                f"HF hidden-state indices {bad} are outside "
+                f"0..{len(layers) - 1} for a {len(layers)}-layer target"
+            )
         self.aux_indices = list(aux_indices)
         self._captured: dict = {}
         for i in self.aux_indices:
@@ -45,11 +50,13 @@ class FeatureExtractor:
         def hook(_module, args, kwargs):
             hidden = args[0] if args else kwargs["hidden_states"]
             self._captured[index] = hidden
+
         return hook
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self._captured.clear()
         self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         aux = torch.cat([self._captured[i] for i in self.aux_indices], dim=-1)
@@ -75,8 +82,13 @@ class FeatureBuffers:
     pageable memory measured about 1 GiB/s on an H200 host and one into pinned memory about 50."""
 
     def __init__(self, tokens: int, aux_width: int, hidden: int, dtype: torch.dtype, pin: bool):
-        self.sets = [tuple(torch.empty((tokens, width), dtype=dtype, pin_memory=pin)
-                           for width in (aux_width, hidden)) for _ in range(2)]
+        self.sets = [
+            tuple(
+                torch.empty((tokens, width), dtype=dtype, pin_memory=pin)
+                for width in (aux_width, hidden)
+            )
+            for _ in range(2)
+        ]
         self.turn = 0
 
     def take(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,11 +98,17 @@ class FeatureBuffers:
         return aux[:tokens], last[:tokens]
 
 
-def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: int,
-                  buffers: FeatureBuffers, device: torch.device) -> dict[str, torch.Tensor]:
+def extract_shard(
+    extractor: FeatureExtractor,
+    rows: list[dict],
+    batch_tokens: int,
+    buffers: FeatureBuffers,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
     lengths = [len(r["input_ids"]) for r in rows]
-    starts = dict(zip((r["sample_id"] for r in rows),
-                      torch.tensor([0] + lengths).cumsum(0).tolist()))
+    starts = dict(
+        zip((r["sample_id"] for r in rows), torch.tensor([0] + lengths).cumsum(0).tolist())
+    )
     aux_out, last_out = buffers.take(sum(lengths))
     for batch in length_batches(rows, batch_tokens):
         width = max(len(r["input_ids"]) for r in batch)
@@ -102,22 +120,27 @@ def extract_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: i
         aux, last = extractor(ids.to(device), mask.to(device))
         for b, r in enumerate(batch):
             start, n = starts[r["sample_id"]], len(r["input_ids"])
-            aux_out[start: start + n].copy_(aux[b, :n], non_blocking=True)
-            last_out[start: start + n].copy_(last[b, :n], non_blocking=True)
+            aux_out[start : start + n].copy_(aux[b, :n], non_blocking=True)
+            last_out[start : start + n].copy_(last[b, :n], non_blocking=True)
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()  # the copies have landed
     input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
-    loss_mask = torch.cat([span_mask(len(r["input_ids"]), r["loss_spans"]) for r in rows])
-    return {"aux": aux_out, "last": last_out, "input_ids": input_ids, "loss_mask": loss_mask}
+    return {"aux": aux_out, "last": last_out, "input_ids": input_ids}
 
 
-def capture_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: int,
-                  buffers: FeatureBuffers, device: torch.device) -> dict[str, torch.Tensor]:
+def capture_shard(
+    extractor: FeatureExtractor,
+    rows: list[dict],
+    batch_tokens: int,
+    buffers: FeatureBuffers,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
     """Features of `rows` (dicts with sample_id, input_ids) in order, batched by length; aux and
     last land in the next set of `buffers`."""
     lengths = [len(r["input_ids"]) for r in rows]
-    starts = dict(zip((r["sample_id"] for r in rows),
-                      torch.tensor([0] + lengths).cumsum(0).tolist()))
+    starts = dict(
+        zip((r["sample_id"] for r in rows), torch.tensor([0] + lengths).cumsum(0).tolist())
+    )
     aux_out, last_out = buffers.take(sum(lengths))
     for batch in length_batches(rows, batch_tokens):
         width = max(len(r["input_ids"]) for r in batch)
@@ -129,8 +152,8 @@ def capture_shard(extractor: FeatureExtractor, rows: list[dict], batch_tokens: i
         aux, last = extractor(ids.to(device), mask.to(device))
         for b, r in enumerate(batch):
             start, n = starts[r["sample_id"]], len(r["input_ids"])
-            aux_out[start: start + n].copy_(aux[b, :n], non_blocking=True)
-            last_out[start: start + n].copy_(last[b, :n], non_blocking=True)
+            aux_out[start : start + n].copy_(aux[b, :n], non_blocking=True)
+            last_out[start : start + n].copy_(last[b, :n], non_blocking=True)
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()  # the copies have landed
     input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])

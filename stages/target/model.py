@@ -1,4 +1,5 @@
 """The target loaded for inference from a local Hugging Face directory (no hub access)."""
+
 from __future__ import annotations
 
 import torch
@@ -18,13 +19,21 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def load_causal_lm(path: str, device: str = "auto", dtype: str = "auto",
-                   trust_remote_code: bool = False, cpu_threads: int | None = None):
+def load_causal_lm(
+    path: str,
+    device: str = "auto",
+    dtype: str = "auto",
+    trust_remote_code: bool = False,
+    cpu_threads: int | None = None,
+):
     """Load a local HF checkpoint for inference (local_files_only: never the hub)."""
     dev = resolve_device(device)
     if dev.type == "cpu":
         set_cpu_threads(cpu_threads)
     model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(dtype, dev), trust_remote_code=trust_remote_code,
-        local_files_only=True)
+        path,
+        dtype=resolve_dtype(dtype, dev),
+        trust_remote_code=trust_remote_code,
+        local_files_only=True,
+    )
     return model.to(dev).eval()

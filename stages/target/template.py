@@ -12,6 +12,7 @@ leaves the turns before them as they were. Then each later turn's prompt is buil
 (engines/turns.py): the previous prompt, the previous output and the ids the template adds for
 the next messages, which `ChatTemplate.plan` computes before anything is generated.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,15 @@ class TurnPlan:
 class ChatTemplate:
     """The target's chat template as prep renders one dataset's prompts with it."""
 
-    def __init__(self, tokenizer, roles: TokenRoles, template_kwargs: dict, template_name: str,
-                 expect_reasoning: bool, all_turns: bool):
+    def __init__(
+        self,
+        tokenizer,
+        roles: TokenRoles,
+        template_kwargs: dict,
+        template_name: str,
+        expect_reasoning: bool,
+        all_turns: bool,
+    ):
         self.tokenizer, self.roles, self.kwargs = tokenizer, roles, template_kwargs
         self.name, self.expect_reasoning = template_name, expect_reasoning
         # a reply the target has not written yet: only the ids around it are kept
@@ -54,12 +62,16 @@ class ChatTemplate:
                 raise TemplateError(
                     f"reasoning is expected, but the tokenizer has no reasoning tokens to find "
                     f"it by (think {roles.think}, end_think {roles.end_think}): name them in the "
-                    f"token roles, or expect no reasoning", ("roles", "expect_reasoning"))
+                    f"token roles, or expect no reasoning",
+                    ("roles", "expect_reasoning"),
+                )
         if all_turns and roles.end_of_turn is None:
             raise TemplateError(
                 "regenerating all turns closes each turn with the end-of-turn token, and the "
                 "tokenizer has none: name it in the token roles (end_of_turn), or regenerate the "
-                "last turn only", ("roles", "regenerate"))
+                "last turn only",
+                ("roles", "regenerate"),
+            )
 
     def plan(self, segments: list[list[dict]], tools: list | None) -> TurnPlan:
         """Turn 1's prompt and the ids each later turn adds, every generation prompt checked.
@@ -71,67 +83,82 @@ class ChatTemplate:
         prompt = self._generation_prompt(history, tools)
         first, deltas = prompt, []
         for segment in segments[1:]:
-            replied = render_prompt(self.tokenizer, [*history, self.placeholder], tools,
-                                    self.kwargs, generation=False)
+            replied = render_prompt(
+                self.tokenizer, [*history, self.placeholder], tools, self.kwargs, generation=False
+            )
             end = self._end_of_reply(prompt, replied)
             history += [self.placeholder, *segment]
             prompt = self._generation_prompt(history, tools)
-            if prompt[:len(replied)] != replied:
+            if prompt[: len(replied)] != replied:
                 at = common_prefix(replied, prompt)
                 raise self._not_concatenated(
                     f"adding the next messages changes how the turns before them render (does it "
-                    f"drop earlier reasoning?): from token {at}, {self._text(replied[at:at + 12])} "
-                    f"becomes {self._text(prompt[at:at + 12])}")
-            deltas.append(prompt[end + 1:])
+                    f"drop earlier reasoning?): from token {at}, "
+                    f"{self._text(replied[at : at + 12])} becomes "
+                    f"{self._text(prompt[at : at + 12])}"
+                )
+            deltas.append(prompt[end + 1 :])
         return TurnPlan(first, deltas)
 
     def _generation_prompt(self, messages: list[dict], tools: list | None) -> list[int]:
         """The prompt for the reply after `messages`, checked to end as the dataset expects."""
         ids = render_prompt(self.tokenizer, messages, tools, self.kwargs)
         bare = render_prompt(self.tokenizer, messages, tools, self.kwargs, generation=False)
-        added = ids[common_prefix(ids, bare):]
+        added = ids[common_prefix(ids, bare) :]
         problem = self._ending_problem(ids, added)
         if problem:
-            raise TemplateError(f"the generation prompt ends with "
-                                f"{self._text(added or ids[-4:])}: {problem[0]}", problem[1])
+            raise TemplateError(
+                f"the generation prompt ends with {self._text(added or ids[-4:])}: {problem[0]}",
+                problem[1],
+            )
         return ids
 
-    def _ending_problem(self, ids: list[int], added: list[int]
-                        ) -> tuple[str, tuple[str, ...]] | None:
+    def _ending_problem(
+        self, ids: list[int], added: list[int]
+    ) -> tuple[str, tuple[str, ...]] | None:
         think, end_think = self.roles.think, self.roles.end_think
-        opens = think in added and (end_think not in added
-                                    or last_index(added, think) > last_index(added, end_think))
+        opens = think in added and (
+            end_think not in added or last_index(added, think) > last_index(added, end_think)
+        )
         closes = end_think in added and not opens
         if self.expect_reasoning and closes:
-            return (f"{self.name} closes reasoning before the reply, but reasoning is expected, "
-                    f"so the prompt must open reasoning or leave it to the target. Turn thinking "
-                    f"on in the template kwargs (e.g. {{thinking: true}}) or the chat template, "
-                    f"or expect no reasoning", ("template_kwargs", "chat_template",
-                                                "expect_reasoning"))
+            return (
+                f"{self.name} closes reasoning before the reply, but reasoning is expected, "
+                f"so the prompt must open reasoning or leave it to the target. Turn thinking "
+                f"on in the template kwargs (e.g. {{thinking: true}}) or the chat template, "
+                f"or expect no reasoning",
+                ("template_kwargs", "chat_template", "expect_reasoning"),
+            )
         if not self.expect_reasoning and opens:
-            return (f"{self.name} opens reasoning, but no reasoning is expected, so the prompt "
-                    f"must not. Expect reasoning, or turn thinking off in the template kwargs "
-                    f"(e.g. {{thinking: false}}) or the chat template",
-                    ("expect_reasoning", "template_kwargs", "chat_template"))
+            return (
+                f"{self.name} opens reasoning, but no reasoning is expected, so the prompt "
+                f"must not. Expect reasoning, or turn thinking off in the template kwargs "
+                f"(e.g. {{thinking: false}}) or the chat template",
+                ("expect_reasoning", "template_kwargs", "chat_template"),
+            )
         if not added and ids[-1] == self.roles.end_of_turn:
-            return (f"{self.name} adds nothing for the reply (does it ignore "
-                    f"add_generation_prompt?), so the target would write after a closed turn; the "
-                    f"prompt must open the assistant's turn: fix the chat template",
-                    ("chat_template",))
+            return (
+                f"{self.name} adds nothing for the reply (does it ignore "
+                f"add_generation_prompt?), so the target would write after a closed turn; the "
+                f"prompt must open the assistant's turn: fix the chat template",
+                ("chat_template",),
+            )
         return None
 
     def _end_of_reply(self, prompt: list[int], replied: list[int]) -> int:
         """Where the placeholder reply's end-of-turn token is in `replied`."""
-        if replied[:len(prompt)] != prompt:
+        if replied[: len(prompt)] != prompt:
             at = common_prefix(prompt, replied)
             raise self._not_concatenated(
                 f"its generation prompt ends with {self._text(prompt[at:])}, but it begins an "
-                f"assistant turn with {self._text(replied[at:len(prompt)])}")
-        reply = replied[len(prompt):]
+                f"assistant turn with {self._text(replied[at : len(prompt)])}"
+            )
+        reply = replied[len(prompt) :]
         if self.roles.end_of_turn not in reply:
             raise self._not_concatenated(
                 f"it ends an assistant turn with {self._text(reply[-4:])}, not with the "
-                f"end-of-turn token {self._text([self.roles.end_of_turn])}")
+                f"end-of-turn token {self._text([self.roles.end_of_turn])}"
+            )
         return len(prompt) + last_index(reply, self.roles.end_of_turn)
 
     def _not_concatenated(self, detail: str) -> TemplateError:
@@ -140,7 +167,8 @@ class ChatTemplate:
             f"it, which needs a template that renders a conversation as its turns concatenated, "
             f"and {self.name} does not: {detail}. Regenerate the last turn only (regenerate: "
             f"last_turn), or give a template that renders earlier turns unchanged",
-            ("regenerate", "chat_template", "template_kwargs"))
+            ("regenerate", "chat_template", "template_kwargs"),
+        )
 
     def _text(self, ids: list[int]) -> str:
         return repr(self.tokenizer.decode(ids, skip_special_tokens=False))

@@ -1,5 +1,6 @@
 """The target's tokenizer and chat template, and the fingerprint of everything that shapes its
 tokens."""
+
 from __future__ import annotations
 
 import hashlib
@@ -10,30 +11,47 @@ import transformers
 from transformers import AutoTokenizer
 
 
-def load_tokenizer(path: str | Path, chat_template: str | Path | None = None,
-                   trust_remote_code: bool = False):
+def load_tokenizer(
+    path: str | Path, chat_template: str | Path | None = None, trust_remote_code: bool = False
+):
     """The tokenizer of a local model directory, with `chat_template` (a Jinja file) when the
     model ships none or the caller replaces it."""
     path = Path(path)
     if not (path / "config.json").exists() and not (path / "tokenizer_config.json").exists():
-        raise FileNotFoundError(f"{path} holds no model or tokenizer; point the target path at a "
-                                f"local Hugging Face model directory")
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                        local_files_only=True)
+        raise FileNotFoundError(
+            f"{path} holds no model or tokenizer; point the target path at a "
+            f"local Hugging Face model directory"
+        )
+    tok = AutoTokenizer.from_pretrained(
+        path, trust_remote_code=trust_remote_code, local_files_only=True
+    )
     if chat_template:
         tok.chat_template = Path(chat_template).read_text()
     if not tok.chat_template:
-        raise ValueError(f"the tokenizer at {path} has no chat template; give a Jinja template "
-                         f"file as the target's chat template")
+        raise ValueError(
+            f"the tokenizer at {path} has no chat template; give a Jinja template "
+            f"file as the target's chat template"
+        )
     return tok
 
 
-def render_prompt(tokenizer, messages: list[dict], tools: list | None, template_kwargs: dict,
-                  generation: bool = True) -> list[int]:
+def render_prompt(
+    tokenizer,
+    messages: list[dict],
+    tools: list | None,
+    template_kwargs: dict,
+    generation: bool = True,
+) -> list[int]:
     """Prompt ids exactly as serving builds them: the chat template with the generation prompt
     (or, with generation False, the conversation alone)."""
-    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation,
-                                         tokenize=True, return_dict=False, **template_kwargs)
+    return tokenizer.apply_chat_template(
+        messages,
+        tools=tools,
+        add_generation_prompt=generation,
+        tokenize=True,
+        return_dict=False,
+        **template_kwargs,
+    )
 
 
 def pad_id(tokenizer) -> int:

@@ -3,6 +3,7 @@
 Reasoning, answer and tool calls are found by token ids, never by parsing decoded text: this is
 what keeps a parser from silently dropping reasoning. the caller can override any role.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,24 +51,29 @@ def single_token_id(tokenizer, text: str) -> int | None:
 
 
 def learn_roles(tokenizer, overrides: dict | None = None) -> TokenRoles:
-    """Find each role's token by string; `overrides` maps role -> token string (or None to unset)."""
+    """Each role's token, found by string; `overrides`: role -> token string (None unsets it)."""
     overrides = dict(overrides or {})
     unknown = set(overrides) - set(ROLE_CANDIDATES)
     if unknown:
-        raise ValueError(f"roles: unknown role(s) {sorted(unknown)}; "
-                         f"known roles: {sorted(ROLE_CANDIDATES)}")
+        raise ValueError(
+            f"roles: unknown role(s) {sorted(unknown)}; known roles: {sorted(ROLE_CANDIDATES)}"
+        )
     found = {}
     for role, candidates in ROLE_CANDIDATES.items():
         if role in overrides:
             text = overrides[role]
             tid = None if text is None else single_token_id(tokenizer, text)
             if text is not None and tid is None:
-                raise ValueError(f"roles.{role}: {text!r} is not a single token of the "
-                                 f"tokenizer; give a token string from its vocabulary")
+                raise ValueError(
+                    f"roles.{role}: {text!r} is not a single token of the "
+                    f"tokenizer; give a token string from its vocabulary"
+                )
             found[role] = tid
             continue
-        found[role] = next((t for t in map(lambda c: single_token_id(tokenizer, c), candidates)
-                            if t is not None), None)
+        found[role] = next(
+            (t for t in map(lambda c: single_token_id(tokenizer, c), candidates) if t is not None),
+            None,
+        )
     return TokenRoles(**found, eos=tokenizer.eos_token_id)
 
 
@@ -97,7 +103,7 @@ def analyze_output(output_ids: list[int], roles: TokenRoles, reasoning_open: boo
     if opened and roles.end_think is not None and roles.end_think in ids:
         cut = ids.index(roles.end_think)
         reasoning = cut
-        answer = ids[cut + 1:]
+        answer = ids[cut + 1 :]
     elif opened:
         answer = []
     calls, balanced = _count_blocks(answer, roles.tool_call_begin, roles.tool_call_end)

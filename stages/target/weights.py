@@ -1,5 +1,6 @@
 """Read single tensors of a target checkpoint without loading the model (a 1T-parameter target
 has its embedding and LM head in two of hundreds of shards)."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-EMBED_KEYS = ("model.embed_tokens.weight", "model.language_model.embed_tokens.weight",
-              "embed_tokens.weight")
+EMBED_KEYS = (
+    "model.embed_tokens.weight",
+    "model.language_model.embed_tokens.weight",
+    "embed_tokens.weight",
+)
 HEAD_KEYS = ("lm_head.weight", "model.lm_head.weight")
 
 
@@ -19,8 +23,10 @@ def _key_files(path: Path) -> dict[str, Path]:
         return {k: path / f for k, f in json.loads(index.read_text())["weight_map"].items()}
     single = path / "model.safetensors"
     if not single.exists():
-        raise FileNotFoundError(f"{path}: no model.safetensors or model.safetensors.index.json; "
-                                f"the target must be a local safetensors checkpoint")
+        raise FileNotFoundError(
+            f"{path}: no model.safetensors or model.safetensors.index.json; "
+            f"the target must be a local safetensors checkpoint"
+        )
     with safe_open(str(single), "pt") as f:
         return {k: single for k in f.keys()}
 

@@ -7,6 +7,7 @@ name and renamed with os.replace, so wrapping os.replace sees each completed fil
 overwritten later (a checkpoint) can still be read as it was. The environment each rank had when it
 joined the process group goes to RECORD_DIR/env-<r>.json.
 """
+
 import json
 import os
 import runpy

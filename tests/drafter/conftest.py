@@ -1,4 +1,5 @@
 """A tiny random Llama target and drafters built from it, shared by the drafter tests."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,9 +14,16 @@ VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 300, 64, 8, 120
 
 
 def tiny_target_config(**overrides) -> LlamaConfig:
-    values = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=128,
-                  num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=256, architectures=["LlamaForCausalLM"])
+    values = dict(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        architectures=["LlamaForCausalLM"],
+    )
     return LlamaConfig(**{**values, **overrides})
 
 
@@ -46,7 +54,7 @@ def make_drafter(target_config, seed: int = 1, draft_vocab: int = DRAFT_VOCAB) -
     g = torch.Generator().manual_seed(seed)
     drafter = Eagle3Drafter(cfg)
     with torch.no_grad():
-        for name, p in drafter.named_parameters():
+        for _name, p in drafter.named_parameters():
             if p.dim() == 1:
                 p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
         counts = torch.randint(0, 50, (cfg.vocab_size,), generator=g)

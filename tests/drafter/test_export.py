@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from stages.drafter.export import (ExportError, check_export, export_drafter, load_drafter)
+from stages.drafter.export import ExportError, check_export, export_drafter, load_drafter
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 
 from .conftest import HIDDEN, make_drafter, tiny_target_config
@@ -13,8 +13,9 @@ from .conftest import HIDDEN, make_drafter, tiny_target_config
 
 @pytest.fixture
 def exported(tmp_path, drafter, target_config):
-    out = export_drafter(drafter, drafter.cfg, tmp_path / "drafter", target_config,
-                         {"lr": 1e-4, "ttt_steps": 7})
+    out = export_drafter(
+        drafter, drafter.cfg, tmp_path / "drafter", target_config, {"lr": 1e-4, "ttt_steps": 7}
+    )
     return out
 
 
@@ -24,8 +25,10 @@ def test_config_carries_what_both_engines_read(exported):
     assert config["num_hidden_layers"] == 1 and config["tie_word_embeddings"] is False
     assert config["draft_vocab_size"] == 120 and config["vocab_size"] == 300
     assert config["target_hidden_size"] == HIDDEN and config["norm_before_residual"] is False
-    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 3, 4],
-                                      "use_aux_hidden_state": True}
+    assert config["eagle_config"] == {
+        "eagle_aux_hidden_state_layer_ids": [1, 3, 4],
+        "use_aux_hidden_state": True,
+    }
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
     assert config["eagle_pipeline"]["aux_hidden_state_hf_indices"] == [2, 4, 5]
     assert json.loads((exported / "training_args.json").read_text())["ttt_steps"] == 7
@@ -39,8 +42,9 @@ def test_round_trip_gives_equal_weights_and_outputs(exported, drafter):
         assert torch.equal(loaded.state_dict()[key], value), key
     embeds, aux = torch.randn(1, 5, HIDDEN), torch.randn(1, 5, 3 * HIDDEN)
     with torch.no_grad():
-        torch.testing.assert_close(loaded.step(embeds, aux).logits,
-                                   drafter.step(embeds, aux).logits)
+        torch.testing.assert_close(
+            loaded.step(embeds, aux).logits, drafter.step(embeds, aux).logits
+        )
 
 
 def test_bf16_export_round_trips(tmp_path, drafter, target_config):
@@ -72,11 +76,19 @@ BAD_CONFIGS = [
     (dict(draft_vocab_size=None), "draft_vocab_size is None"),
     (dict(target_hidden_size=None), "target_hidden_size is None"),
     (dict(max_position_embeddings=128), "max_position_embeddings 128 is below"),
-    (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5],
-                        "use_aux_hidden_state": True}),
-     r"SGLang capture HF hidden states \[3, 5, 6\]"),
-    (dict(eagle_aux_hidden_state_layer_ids=[1, 3, 4]),
-     r"vLLM capture HF hidden states \[1, 3, 4\]"),
+    (
+        dict(
+            eagle_config={
+                "eagle_aux_hidden_state_layer_ids": [2, 4, 5],
+                "use_aux_hidden_state": True,
+            }
+        ),
+        r"SGLang capture HF hidden states \[3, 5, 6\]",
+    ),
+    (
+        dict(eagle_aux_hidden_state_layer_ids=[1, 3, 4]),
+        r"vLLM capture HF hidden states \[1, 3, 4\]",
+    ),
     (dict(norm_before_residual=_DROP), "norm_before_residual is None"),
     (dict(architectures=["LlamaForCausalLM"]), "architectures"),
     (dict(num_hidden_layers=2), "num_hidden_layers is 2"),
@@ -100,21 +112,30 @@ def test_trained_indices_must_match_the_recorded_ones(exported, target_config):
 def _rename(old, new):
     def change(state):
         state[new] = state.pop(old)
+
     return change
 
 
 BAD_WEIGHTS = [
     (lambda s: s.pop("midlayer.hidden_norm.weight"), r"missing keys \['midlayer.hidden_norm"),
-    (lambda s: s.update({"embed_tokens.weight": torch.zeros(300, HIDDEN)}),
-     "must not carry an embedding"),
+    (
+        lambda s: s.update({"embed_tokens.weight": torch.zeros(300, HIDDEN)}),
+        "must not carry an embedding",
+    ),
     (_rename("fc.weight", "model.fc.weight"), "has a `model.` prefix"),
-    (lambda s: s.update({"lm_head.weight": torch.zeros(300, HIDDEN)}),
-     r"lm_head.weight has shape \(300, 64\), expected \(120, 64\)"),
+    (
+        lambda s: s.update({"lm_head.weight": torch.zeros(300, HIDDEN)}),
+        r"lm_head.weight has shape \(300, 64\), expected \(120, 64\)",
+    ),
     (lambda s: s.update({"d2t": s["d2t"].int()}), "d2t is torch.int32, expected torch.int64"),
     (lambda s: s.update({"t2d": s["t2d"].to(torch.uint8)}), "t2d is torch.uint8"),
     (lambda s: s.update({"t2d": s["t2d"].roll(1)}), "t2d does not mark exactly"),
-    (lambda s: s.update({"midlayer.mlp.up_proj.weight": s["midlayer.mlp.up_proj.weight"].long()}),
-     "up_proj.weight is torch.int64, expected a floating type"),
+    (
+        lambda s: s.update(
+            {"midlayer.mlp.up_proj.weight": s["midlayer.mlp.up_proj.weight"].long()}
+        ),
+        "up_proj.weight is torch.int64, expected a floating type",
+    ),
 ]
 
 
@@ -126,8 +147,9 @@ def test_bad_weights_are_rejected(exported, target_config, change, message):
 
 
 def test_export_refuses_to_publish_a_bad_checkpoint(tmp_path, target_config):
-    cfg = dataclasses.replace(Eagle3Config.from_target(target_config, 120, [2, 4, 5]),
-                              max_position_embeddings=128)
+    cfg = dataclasses.replace(
+        Eagle3Config.from_target(target_config, 120, [2, 4, 5]), max_position_embeddings=128
+    )
     with pytest.raises(ExportError, match="max_position_embeddings"):
         export_drafter(Eagle3Drafter(cfg), cfg, tmp_path / "bad", target_config, {})
     assert list(tmp_path.iterdir()) == []

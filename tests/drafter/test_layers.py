@@ -1,11 +1,16 @@
 import pytest
 
-from stages.drafter.layers import (default_aux_indices, serving_layer_ids,
-                                   sglang_captured_indices, vllm_captured_indices)
+from stages.drafter.layers import (
+    default_aux_indices,
+    serving_layer_ids,
+    sglang_captured_indices,
+    vllm_captured_indices,
+)
 
 
-@pytest.mark.parametrize("layers, hf, sglang", [(8, [2, 4, 5], [1, 3, 4]),
-                                                 (32, [2, 16, 29], [1, 15, 28])])
+@pytest.mark.parametrize(
+    "layers, hf, sglang", [(8, [2, 4, 5], [1, 3, 4]), (32, [2, 16, 29], [1, 15, 28])]
+)
 def test_llama_sglang_ids_are_one_below_the_hf_indices(layers, hf, sglang):
     assert default_aux_indices(layers) == hf
     ids = serving_layer_ids("LlamaForCausalLM", hf, layers)
@@ -33,8 +38,10 @@ def test_qwen_follows_llama():
     assert serving_layer_ids("Qwen3ForCausalLM", [2, 18, 33], 36)["sglang"] == [1, 17, 32]
 
 
-@pytest.mark.parametrize("hf, message", [([2, 2, 5], "ascending"), ([5, 3, 6], "ascending"),
-                                         ([0, 3, 5], "1..7"), ([2, 4, 8], "1..7")])
+@pytest.mark.parametrize(
+    "hf, message",
+    [([2, 2, 5], "ascending"), ([5, 3, 6], "ascending"), ([0, 3, 5], "1..7"), ([2, 4, 8], "1..7")],
+)
 def test_rejects_indices_the_engines_cannot_capture(hf, message):
     with pytest.raises(ValueError, match=message):
         serving_layer_ids("LlamaForCausalLM", hf, 8)

@@ -8,8 +8,13 @@ from stages.drafter.model import Eagle3Config, Eagle3Drafter, rope_inv_freq, tar
 
 from .conftest import HIDDEN, make_drafter, tiny_target_config
 
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def test_parameter_names_are_the_checkpoint_keys(drafter):
@@ -24,16 +29,35 @@ def test_parameter_names_are_the_checkpoint_keys(drafter):
 
 
 def test_from_target_reads_both_rope_layouts_and_nested_text_config():
-    new_style = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=8,
-                            num_attention_heads=4, num_key_value_heads=2, vocab_size=300,
-                            max_position_embeddings=4096, rope_theta=500000.0,
-                            rope_scaling=dict(LLAMA3_ROPE))
-    legacy = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {
-        "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 8,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 300,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 500000.0,
-        "rope_scaling": {**{k: v for k, v in LLAMA3_ROPE.items() if k != "rope_type"},
-                         "type": "llama3"}}}
+    new_style = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=300,
+        max_position_embeddings=4096,
+        rope_theta=500000.0,
+        rope_scaling=dict(LLAMA3_ROPE),
+    )
+    legacy = {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "text_config": {
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 8,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 300,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 500000.0,
+            "rope_scaling": {
+                **{k: v for k, v in LLAMA3_ROPE.items() if k != "rope_type"},
+                "type": "llama3",
+            },
+        },
+    }
     a = Eagle3Config.from_target(new_style, 100, [2, 4, 5])
     b = Eagle3Config.from_target(legacy, 100, [2, 4, 5])
     assert a == b
@@ -57,9 +81,13 @@ def test_from_target_overrides_and_rejections(target_config):
 
 @pytest.mark.parametrize("scaling", [None, LLAMA3_ROPE, {"rope_type": "linear", "factor": 4.0}])
 def test_rope_frequencies_match_transformers(scaling):
-    config = LlamaConfig(hidden_size=128, num_attention_heads=2, rope_theta=500000.0,
-                         max_position_embeddings=131072,
-                         rope_scaling=dict(scaling) if scaling else None)
+    config = LlamaConfig(
+        hidden_size=128,
+        num_attention_heads=2,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        rope_scaling=dict(scaling) if scaling else None,
+    )
     rope_type = (scaling or {}).get("rope_type")
     if rope_type:
         reference = ROPE_INIT_FUNCTIONS[rope_type](config)[0]
@@ -95,14 +123,16 @@ def test_queries_see_only_their_prefix_and_their_own_chain(drafter):
     base = unroll(drafter, embeds, aux, steps)
     # Later prefix positions and other positions' chain inputs must not reach position i.
     embeds2, aux2 = embeds.clone(), aux.clone()
-    aux2[:, i + 1:] += 1.0
-    embeds2[0, :, i + 1:] += 1.0
+    aux2[:, i + 1 :] += 1.0
+    embeds2[0, :, i + 1 :] += 1.0
     embeds2[1:, :, :i] += 1.0
-    embeds2[1:, :, i + 1:] += 1.0
+    embeds2[1:, :, i + 1 :] += 1.0
     changed = unroll(drafter, embeds2, aux2, steps)
     for k in range(steps):
-        torch.testing.assert_close(changed[k][:, : i + 1] if k == 0 else changed[k][:, i],
-                                   base[k][:, : i + 1] if k == 0 else base[k][:, i])
+        torch.testing.assert_close(
+            changed[k][:, : i + 1] if k == 0 else changed[k][:, i],
+            base[k][:, : i + 1] if k == 0 else base[k][:, i],
+        )
     # ...while an earlier prefix position and this position's own chain do.
     for perturb in ((0, i - 1), (1, i)):
         embeds3 = embeds.clone()
@@ -116,8 +146,8 @@ def test_masked_positions_are_never_attended(drafter):
     T, steps = 7, 3
     embeds, aux = torch.randn(steps, 2, T, HIDDEN), torch.randn(2, T, 3 * HIDDEN)
     key_mask = torch.ones(2, T, dtype=torch.bool)
-    key_mask[0, :2] = False      # left padding
-    key_mask[1, 5:] = False      # right padding
+    key_mask[0, :2] = False  # left padding
+    key_mask[1, 5:] = False  # right padding
     base = unroll(drafter, embeds, aux, steps, key_mask)
     embeds2, aux2 = embeds.clone(), aux.clone()
     aux2[~key_mask] += 3.0

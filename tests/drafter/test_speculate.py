@@ -3,8 +3,14 @@ import torch
 from transformers import LlamaForCausalLM
 
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
-from stages.drafter.speculate import (Eagle3Proposer, Proposal, SpecResult, acceptance_stats,
-                                      speculative_generate, verify_proposal)
+from stages.drafter.speculate import (
+    Eagle3Proposer,
+    Proposal,
+    SpecResult,
+    acceptance_stats,
+    speculative_generate,
+    verify_proposal,
+)
 
 from .conftest import VOCAB, features
 
@@ -61,21 +67,32 @@ class FeatureCheckingProposer(Eagle3Proposer):
 def test_output_equals_the_targets_greedy_output(target, drafter):
     for prompt in PROMPTS:
         proposer = FeatureCheckingProposer(target, drafter)
-        result = speculative_generate(target, proposer, None, prompt, max_new_tokens=16,
-                                      num_steps=3, aux_indices=AUX)
+        result = speculative_generate(
+            target, proposer, None, prompt, max_new_tokens=16, num_steps=3, aux_indices=AUX
+        )
         assert result.output_ids == greedy(target, prompt, 16)
         assert proposer.rounds == result.verify_steps > 0
     reference = greedy(target, PROMPTS[0], 16)
     stop = reference[6]
-    stopped = speculative_generate(target, drafter, target.model.embed_tokens, PROMPTS[0],
-                                   max_new_tokens=16, stop_ids=[stop])
+    stopped = speculative_generate(
+        target, drafter, target.model.embed_tokens, PROMPTS[0], max_new_tokens=16, stop_ids=[stop]
+    )
     assert stopped.output_ids == reference[: reference.index(stop) + 1]
 
 
 def test_oracle_drafter_is_always_accepted(target):
-    results = [speculative_generate(target, OracleProposer(target), None, prompt,
-                                    max_new_tokens=1 + 4 * 3, num_steps=3, aux_indices=AUX)
-               for prompt in PROMPTS]
+    results = [
+        speculative_generate(
+            target,
+            OracleProposer(target),
+            None,
+            prompt,
+            max_new_tokens=1 + 4 * 3,
+            num_steps=3,
+            aux_indices=AUX,
+        )
+        for prompt in PROMPTS
+    ]
     assert [r.output_ids for r in results] == [greedy(target, p, 13) for p in PROMPTS]
     stats = acceptance_stats(results)
     assert stats.tau == 4.0 and stats.verify_steps == 6
@@ -84,8 +101,12 @@ def test_oracle_drafter_is_always_accepted(target):
 
 def test_random_drafter_gives_tau_about_one(target):
     g = torch.Generator().manual_seed(0)
-    results = [speculative_generate(target, RandomProposer(), None, prompt, max_new_tokens=25,
-                                    generator=g, aux_indices=AUX) for prompt in PROMPTS]
+    results = [
+        speculative_generate(
+            target, RandomProposer(), None, prompt, max_new_tokens=25, generator=g, aux_indices=AUX
+        )
+        for prompt in PROMPTS
+    ]
     stats = acceptance_stats(results)
     assert 1.0 <= stats.tau < 1.1
     assert stats.unconditional[0] < 0.1
@@ -106,9 +127,18 @@ def test_sampled_verification_keeps_the_target_distribution():
 
 
 def test_sampling_is_reproducible_and_runs_with_the_drafter(target, drafter):
-    runs = [speculative_generate(target, drafter, target.model.embed_tokens, PROMPTS[0],
-                                 max_new_tokens=12, temperature=0.8,
-                                 generator=torch.Generator().manual_seed(3)) for _ in range(2)]
+    runs = [
+        speculative_generate(
+            target,
+            drafter,
+            target.model.embed_tokens,
+            PROMPTS[0],
+            max_new_tokens=12,
+            temperature=0.8,
+            generator=torch.Generator().manual_seed(3),
+        )
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1] and len(runs[0].output_ids) == 12
 
 
@@ -128,6 +158,7 @@ def test_greedy_equality_on_the_real_tiny_llama(stories_path):
     torch.manual_seed(0)
     drafter = Eagle3Drafter(Eagle3Config.from_target(target.config, 64, [1, 2, 3])).eval()
     prompt = [1, 403, 407, 262, 370]
-    result = speculative_generate(target, drafter, target.model.embed_tokens, prompt,
-                                  max_new_tokens=16, num_steps=4)
+    result = speculative_generate(
+        target, drafter, target.model.embed_tokens, prompt, max_new_tokens=16, num_steps=4
+    )
     assert result.output_ids == greedy(target, prompt, 16)

@@ -3,8 +3,17 @@ import torch
 import torch.nn.functional as F
 
 from stages.drafter.model import DraftStep, Eagle3Drafter
-from stages.drafter.ttt import (SoftLabels, TTTMetrics, replay_counts, shift_left, soft_labels,
-                                step_metrics, ttt_forward, ttt_unroll, valid_positions)
+from stages.drafter.ttt import (
+    SoftLabels,
+    TTTMetrics,
+    replay_counts,
+    shift_left,
+    soft_labels,
+    step_metrics,
+    ttt_forward,
+    ttt_unroll,
+    valid_positions,
+)
 
 from .conftest import HIDDEN, VOCAB, features, make_drafter
 
@@ -12,8 +21,11 @@ T = 6
 
 
 def labels_all_in_vocab(batch=1):
-    return SoftLabels(torch.zeros(batch, T, 4), torch.zeros(batch, T, dtype=torch.long),
-                      torch.ones(batch, T, dtype=torch.bool))
+    return SoftLabels(
+        torch.zeros(batch, T, 4),
+        torch.zeros(batch, T, dtype=torch.long),
+        torch.ones(batch, T, dtype=torch.bool),
+    )
 
 
 def test_valid_pairs_on_a_six_token_example():
@@ -22,23 +34,23 @@ def test_valid_pairs_on_a_six_token_example():
     valid = valid_positions(labels_all_in_vocab(), loss_mask, None, ttt_steps=4)
     # Step k at position i predicts token i + 2 + k.
     assert [v[0].int().tolist() for v in valid] == [
-        [1, 0, 1, 1, 0, 0],    # step 0: tokens 2, (3), 4, 5
-        [0, 1, 1, 0, 0, 0],    # step 1: tokens (3), 4, 5
-        [1, 1, 0, 0, 0, 0],    # step 2: tokens 4, 5
-        [1, 0, 0, 0, 0, 0],    # step 3: token 5
+        [1, 0, 1, 1, 0, 0],  # step 0: tokens 2, (3), 4, 5
+        [0, 1, 1, 0, 0, 0],  # step 1: tokens (3), 4, 5
+        [1, 1, 0, 0, 0, 0],  # step 2: tokens 4, 5
+        [1, 0, 0, 0, 0, 0],  # step 3: token 5
     ]
 
 
 def test_padding_and_outside_vocab_targets_are_masked():
     labels = labels_all_in_vocab()
-    labels.in_vocab[0, 3] = False            # the target's choice at position 3 (token 4)
+    labels.in_vocab[0, 3] = False  # the target's choice at position 3 (token 4)
     loss_mask = torch.ones(1, T, dtype=torch.long)
-    attention = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)   # token 5 is padding
+    attention = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)  # token 5 is padding
     valid = valid_positions(labels, loss_mask, attention, ttt_steps=3)
     assert [v[0].int().tolist() for v in valid] == [
-        [1, 1, 0, 0, 0, 0],    # tokens 2, 3 (4 is outside the draft vocab, 5 is padding)
-        [1, 0, 0, 0, 0, 0],    # token 3 (4 outside the vocab)
-        [0, 0, 0, 0, 0, 0],    # token 4 outside the vocab
+        [1, 1, 0, 0, 0, 0],  # tokens 2, 3 (4 is outside the draft vocab, 5 is padding)
+        [1, 0, 0, 0, 0, 0],  # token 3 (4 outside the vocab)
+        [0, 0, 0, 0, 0, 0],  # token 4 outside the vocab
     ]
 
 
@@ -69,8 +81,7 @@ def test_step_k_at_position_i_learns_the_target_at_i_plus_1_plus_k(drafter):
 
     right = ScriptedDrafter(drafter.cfg, lambda i, k: min(i + 1 + k, T - 1))
     right.set_vocab(drafter.d2t, drafter.t2d)
-    loss, metrics = ttt_forward(right, embed, aux, target_logits, input_ids, loss_mask,
-                                ttt_steps=3)
+    loss, metrics = ttt_forward(right, embed, aux, target_logits, input_ids, loss_mask, ttt_steps=3)
     assert metrics.accuracy == [1.0, 1.0, 1.0]
     assert metrics.valid.tolist() == [4, 3, 2]
     assert metrics.acceptance_unconditional == [1.0, 1.0, 1.0]
@@ -79,14 +90,13 @@ def test_step_k_at_position_i_learns_the_target_at_i_plus_1_plus_k(drafter):
     assert metrics.replay_tokens.tolist() == [4, 4, 4]
     assert metrics.replayed_tau == [2.0, 2.0, 4.0]
     assert loss.item() < 1e-6
-    for k, embeds in enumerate(right.embeds):   # step k at position i reads token i + 1 + k
+    for k, embeds in enumerate(right.embeds):  # step k at position i reads token i + 1 + k
         n = T - 1 - k
-        torch.testing.assert_close(embeds[0, :n], embed[input_ids[0, 1 + k:]])
+        torch.testing.assert_close(embeds[0, :n], embed[input_ids[0, 1 + k :]])
 
     late = ScriptedDrafter(drafter.cfg, lambda i, k: min(i + 2 + k, T - 1))
     late.set_vocab(drafter.d2t, drafter.t2d)
-    loss, metrics = ttt_forward(late, embed, aux, target_logits, input_ids, loss_mask,
-                                ttt_steps=3)
+    loss, metrics = ttt_forward(late, embed, aux, target_logits, input_ids, loss_mask, ttt_steps=3)
     assert metrics.accuracy == [0.0, 0.0, 0.0]
     assert metrics.replayed_tau == [1.0, 1.0, 1.0]
     assert loss.item() > 10
@@ -101,9 +111,15 @@ def test_a_target_choice_outside_the_draft_vocab_is_a_rejected_draft(drafter):
     target_logits[0, 3, int((~drafter.t2d).nonzero()[0])] = 30.0
     right = ScriptedDrafter(drafter.cfg, lambda i, k: min(i + 1 + k, T - 1))
     right.set_vocab(drafter.d2t, drafter.t2d)
-    loss, metrics = ttt_forward(right, torch.randn(VOCAB, HIDDEN), torch.randn(1, T, 3 * HIDDEN),
-                                target_logits, torch.arange(10, 10 + T)[None], torch.ones(1, T),
-                                ttt_steps=3)
+    loss, metrics = ttt_forward(
+        right,
+        torch.randn(VOCAB, HIDDEN),
+        torch.randn(1, T, 3 * HIDDEN),
+        target_logits,
+        torch.arange(10, 10 + T)[None],
+        torch.ones(1, T),
+        ttt_steps=3,
+    )
     assert metrics.valid.tolist() == [3, 2, 1] and metrics.accuracy == [1.0, 1.0, 1.0]
     assert loss.item() < 1e-6
     # chains from positions 0..3: position 2 misses at step 0, 1 at step 1, 0 at step 2
@@ -126,25 +142,43 @@ def test_loss_is_the_decayed_mean_over_valid_positions(target, drafter):
     # Make the target's choice at one position fall outside the draft vocabulary.
     outside = int((~drafter.t2d).nonzero()[0])
     logits[0, 4, outside] = 1e3
-    loss, metrics = ttt_forward(drafter, target.model.embed_tokens, aux, logits, ids, loss_mask,
-                                attention, ttt_steps=3, decay=0.5)
+    loss, metrics = ttt_forward(
+        drafter,
+        target.model.embed_tokens,
+        aux,
+        logits,
+        ids,
+        loss_mask,
+        attention,
+        ttt_steps=3,
+        decay=0.5,
+    )
 
     draft_logits = ttt_unroll(drafter, target.model.embed_tokens, aux, ids, attention, 3)
     labels = soft_labels(logits, drafter)
     valid = valid_positions(labels, loss_mask, attention, 3)
-    assert not valid[0][0, 3] and not valid[1][0, 2]    # both would learn position 4
+    assert not valid[0][0, 3] and not valid[1][0, 2]  # both would learn position 4
     expected = 0.0
     for k in range(3):
         p = shift_left(labels.probs, k + 1, 0.0)[valid[k]]
         ce = -(p * F.log_softmax(draft_logits[k][valid[k]], -1)).sum(-1)
-        expected += 0.5 ** k * ce.mean()
+        expected += 0.5**k * ce.mean()
         assert metrics.valid[k] == valid[k].sum()
     torch.testing.assert_close(loss, expected)
     # The masked position's target does not enter the loss.
     logits2 = logits.clone()
     logits2[0, 4, drafter.draft_ids()] += torch.randn(drafter.cfg.draft_vocab_size)
-    loss2, _ = ttt_forward(drafter, target.model.embed_tokens, aux, logits2, ids, loss_mask,
-                           attention, ttt_steps=3, decay=0.5)
+    loss2, _ = ttt_forward(
+        drafter,
+        target.model.embed_tokens,
+        aux,
+        logits2,
+        ids,
+        loss_mask,
+        attention,
+        ttt_steps=3,
+        decay=0.5,
+    )
     torch.testing.assert_close(loss2, loss)
 
 
@@ -165,8 +199,9 @@ def test_gradient_reaches_every_drafter_parameter_and_nothing_else(target, targe
     ids = torch.randint(0, VOCAB, (2, 8))
     aux, logits = features(target, ids, drafter.cfg.aux_layer_ids)
     aux.requires_grad_(True)
-    embed = torch.nn.Embedding.from_pretrained(target.model.embed_tokens.weight.clone(),
-                                               freeze=False)
+    embed = torch.nn.Embedding.from_pretrained(
+        target.model.embed_tokens.weight.clone(), freeze=False
+    )
     # Every target choice inside the draft vocabulary, so every position is scored.
     logits[..., drafter.draft_ids()] += 1e3
     loss, _ = ttt_forward(drafter, embed, aux, logits, ids, torch.ones_like(ids), ttt_steps=3)
@@ -179,6 +214,7 @@ def test_gradient_reaches_every_drafter_parameter_and_nothing_else(target, targe
 def test_metrics_count_chains_and_add_up():
     def bools(rows):
         return [torch.tensor([r], dtype=torch.bool) for r in rows]
+
     valid = bools([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 0]])
     correct = bools([[1, 1, 0, 1], [1, 0, 1, 1], [0, 1, 1, 1]])
     ce = [torch.ones(1, 4)] * 3
@@ -237,7 +273,7 @@ def serving_walk(correct: list[list[bool]], supervised: list[bool]) -> tuple[int
         end = t
         while end < len(supervised) and supervised[end]:
             end += 1
-        known = t + 1 if t else 2   # the prefill gives a span's first token (two at position 0)
+        known = t + 1 if t else 2  # the prefill gives a span's first token (two at position 0)
         while known < end:
             accepted = 0
             while accepted < len(correct) and correct[accepted][known - 2]:
@@ -253,13 +289,15 @@ def test_replay_counts_equal_a_round_by_round_walk_and_batches_add_up():
     rows, width, k = 6, 40, 4
     supervised = torch.rand(rows, width, generator=g) < 0.8
     supervised[:, :3] = False
-    supervised[2, 0] = True                    # a span at the very start of a row
-    supervised[3, 20:] = False                 # padding
+    supervised[2, 0] = True  # a span at the very start of a row
+    supervised[3, 20:] = False  # padding
     correct = [torch.rand(rows, width, generator=g) < 0.7 for _ in range(k)]
     tokens, rounds = replay_counts(correct, supervised)
     for chain in range(1, k + 1):
-        walks = [serving_walk([c[b].tolist() for c in correct[:chain]], supervised[b].tolist())
-                 for b in range(rows)]
+        walks = [
+            serving_walk([c[b].tolist() for c in correct[:chain]], supervised[b].tolist())
+            for b in range(rows)
+        ]
         assert (tokens[chain - 1], rounds[chain - 1]) == tuple(map(sum, zip(*walks)))
     first = replay_counts([c[:2] for c in correct], supervised[:2])
     rest = replay_counts([c[2:] for c in correct], supervised[2:])

@@ -41,8 +41,11 @@ def test_counts_only_supervised_tokens_and_coverage():
 
 def test_counting_names_the_bad_batch():
     with pytest.raises(ValueError, match="batch 1: token id 9"):
-        count_supervised_tokens([torch.tensor([1]), torch.tensor([9])],
-                                [torch.tensor([1]), torch.tensor([1])], vocab_size=5)
+        count_supervised_tokens(
+            [torch.tensor([1]), torch.tensor([9])],
+            [torch.tensor([1]), torch.tensor([1])],
+            vocab_size=5,
+        )
     with pytest.raises(ValueError, match="batch 0: input_ids"):
         count_supervised_tokens([torch.tensor([1, 2])], [torch.tensor([1])], vocab_size=5)
 

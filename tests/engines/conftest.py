@@ -3,6 +3,7 @@
 The target is the demo target when it has been built, else stories260K with a plain chat
 template; generation is greedy on CPU in float32 so every engine must give the same tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,23 +14,31 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from stages.artifacts.prompts import PROMPTS_SCHEMA
 from stages.config import TargetParams
 from stages.engines.hf import HFEngine
-from stages.target.model import load_causal_lm
 from stages.engines.hf_server import HFServer, model_eos_ids
 from stages.engines.sglang import SGLangEngine
-from stages.artifacts.prompts import PROMPTS_SCHEMA
+from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id
 from stages.wiring import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, STORIES
 
 STORY_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}"
-OPENINGS = ["Once upon a time there was a cat", "The little girl saw a big dog",
-            "Tom wanted to play in the park", "One day a bird found a shiny stone",
-            "Lily and Ben went to the sea", "The sun was hot and the boy was sad",
-            "A small fish lived in a pond", "Mom gave Sue a red ball",
-            "The old tree in the garden", "A friendly bear liked honey",
-            "Sam lost his blue hat", "The kitten was hungry"]
+OPENINGS = [
+    "Once upon a time there was a cat",
+    "The little girl saw a big dog",
+    "Tom wanted to play in the park",
+    "One day a bird found a shiny stone",
+    "Lily and Ben went to the sea",
+    "The sun was hot and the boy was sad",
+    "A small fish lived in a pond",
+    "Mom gave Sue a red ball",
+    "The old tree in the garden",
+    "A friendly bear liked honey",
+    "Sam lost his blue hat",
+    "The kitten was hungry",
+]
 
 
 @pytest.fixture(scope="session")
@@ -38,8 +47,9 @@ def target(tmp_path_factory) -> TargetParams:
         return TargetParams(path=str(DEMO_TARGET), device="cpu", dtype="float32")
     template = tmp_path_factory.mktemp("target") / "chat_template.jinja"
     template.write_text(STORY_TEMPLATE)
-    return TargetParams(path=str(STORIES), chat_template=str(template), device="cpu",
-                        dtype="float32")
+    return TargetParams(
+        path=str(STORIES), chat_template=str(template), device="cpu", dtype="float32"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -64,9 +74,19 @@ def hf_engine(model, tokenizer) -> HFEngine:
 
 @pytest.fixture(scope="session")
 def prompts(target, tokenizer) -> list[tuple[str, list[int]]]:
-    return [(f"t/{i}", tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
-        return_dict=False, **target.template_kwargs)) for i, text in enumerate(OPENINGS)]
+    return [
+        (
+            f"t/{i}",
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+                **target.template_kwargs,
+            ),
+        )
+        for i, text in enumerate(OPENINGS)
+    ]
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -90,10 +110,18 @@ def monkeypatch_package():
 def prompts_file(tmp_path_factory, prompts, target, tokenizer):
     """The prep stage's artifact for `prompts`, as dataset `t`."""
     think = target_roles(target, tokenizer).think
-    rows = [dict(sample_id=sid, dataset="t", tools=None, prompt_ids=ids, prompt_len=len(ids),
-                 messages=json.dumps([{"role": "user", "content": OPENINGS[i]}]),
-                 reasoning_open=think is not None and ids[-1] == think)
-            for i, (sid, ids) in enumerate(prompts)]
+    rows = [
+        dict(
+            sample_id=sid,
+            dataset="t",
+            tools=None,
+            prompt_ids=ids,
+            prompt_len=len(ids),
+            messages=json.dumps([{"role": "user", "content": OPENINGS[i]}]),
+            reasoning_open=think is not None and ids[-1] == think,
+        )
+        for i, (sid, ids) in enumerate(prompts)
+    ]
     path = tmp_path_factory.mktemp("prompts") / "t.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=PROMPTS_SCHEMA), path)
     return path

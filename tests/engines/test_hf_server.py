@@ -1,5 +1,6 @@
 """The local server keeps SGLang's /generate contract: validation and 400s, defaults, 503 when
 its queue is full, the reply's shape, /health, /model_info and /metrics."""
+
 from __future__ import annotations
 
 import httpx
@@ -10,20 +11,29 @@ from stages.engines.hf_server import BadRequest, _Job, parse_generate, reply
 from stages.engines.monitor import parse_metrics
 
 
-@pytest.mark.parametrize("body, message", [
-    ({"text": "hi"}, "text is not served here: send input_ids"),
-    ({"input_ids": [1], "text": "hi"}, "give exactly one of input_ids, text, input_embeds"),
-    ({"input_ids": []}, "input_ids must be a non-empty list of token ids"),
-    ({"input_ids": [[1, 2], [3]]}, "batch requests are not served"),
-    ({"input_ids": [1, "2"]}, "input_ids must hold integers only"),
-    ({"input_ids": [1], "sampling_params": {"temprature": 0}}, "unknown sampling parameter(s) "
-                                                               "['temprature']"),
-    ({"input_ids": [1], "sampling_params": {"stop": ["\n"]}}, "stop=['\\n'] is not served"),
-    ({"input_ids": [1] * 100}, "The input (100 tokens) is longer than the model's context length "
-                               "(100 tokens)."),
-    ({"input_ids": [1] * 50, "sampling_params": {"max_new_tokens": 60}},
-     "You requested a total of 110 tokens: 50 tokens from the input and 60 tokens"),
-])
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"text": "hi"}, "text is not served here: send input_ids"),
+        ({"input_ids": [1], "text": "hi"}, "give exactly one of input_ids, text, input_embeds"),
+        ({"input_ids": []}, "input_ids must be a non-empty list of token ids"),
+        ({"input_ids": [[1, 2], [3]]}, "batch requests are not served"),
+        ({"input_ids": [1, "2"]}, "input_ids must hold integers only"),
+        (
+            {"input_ids": [1], "sampling_params": {"temprature": 0}},
+            "unknown sampling parameter(s) ['temprature']",
+        ),
+        ({"input_ids": [1], "sampling_params": {"stop": ["\n"]}}, "stop=['\\n'] is not served"),
+        (
+            {"input_ids": [1] * 100},
+            "The input (100 tokens) is longer than the model's context length (100 tokens).",
+        ),
+        (
+            {"input_ids": [1] * 50, "sampling_params": {"max_new_tokens": 60}},
+            "You requested a total of 110 tokens: 50 tokens from the input and 60 tokens",
+        ),
+    ],
+)
 def test_bad_requests_are_refused_as_sglang_does(body, message):
     with pytest.raises(BadRequest) as err:
         parse_generate(body, context_length=100)
@@ -32,12 +42,18 @@ def test_bad_requests_are_refused_as_sglang_does(body, message):
 
 def test_unset_sampling_values_take_sglang_defaults_and_the_model_eos_always_stops():
     rid, prompt, sampling, no_stop_trim = parse_generate(
-        {"rid": "r", "input_ids": [1, 2], "sampling_params": {"top_k": None,
-                                                              "stop_token_ids": [9]}},
-        context_length=1000, eos_ids=(2,))
+        {
+            "rid": "r",
+            "input_ids": [1, 2],
+            "sampling_params": {"top_k": None, "stop_token_ids": [9]},
+        },
+        context_length=1000,
+        eos_ids=(2,),
+    )
     assert (rid, prompt, no_stop_trim) == ("r", [1, 2], False)
-    assert sampling == Sampling(max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=-1,
-                                seed=0, stop_ids=(2, 9))
+    assert sampling == Sampling(
+        max_new_tokens=128, temperature=1.0, top_p=1.0, top_k=-1, seed=0, stop_ids=(2, 9)
+    )
 
 
 def test_reply_shape_and_stop_trim():
@@ -69,12 +85,15 @@ def test_http_endpoints(serve, model, prompts):
         server.max_queued = None
         bad = http.post("/generate", json={"input_ids": []})
         assert bad.status_code == 400 and "input_ids" in bad.json()["error"]["message"]
-        ok = http.post("/generate", json={"rid": "x", "input_ids": prompts[0][1],
-                                          "sampling_params": {"max_new_tokens": 3}}).json()
+        ok = http.post(
+            "/generate",
+            json={"rid": "x", "input_ids": prompts[0][1], "sampling_params": {"max_new_tokens": 3}},
+        ).json()
         assert len(ok["output_ids"]) == ok["meta_info"]["completion_tokens"] <= 3
         assert http.get("/nowhere").status_code == 404
-        assert parse_metrics(http.get("/metrics").text)["sglang:generation_tokens_total"] == \
-            [ok["meta_info"]["completion_tokens"]]
+        assert parse_metrics(http.get("/metrics").text)["sglang:generation_tokens_total"] == [
+            ok["meta_info"]["completion_tokens"]
+        ]
         server.ready.clear()
         assert http.get("/health").status_code == 503
         assert http.post("/generate", json={"input_ids": [1]}).status_code == 503

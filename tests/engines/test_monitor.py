@@ -1,5 +1,6 @@
 """The live monitor's numbers and ETAs, server metrics from /metrics, and the --estimate
 projection."""
+
 from __future__ import annotations
 
 import io
@@ -24,18 +25,30 @@ class Clock:
 
 
 def test_parse_metrics_sums_label_sets_and_skips_comments():
-    text = ("# HELP sglang:num_running_reqs running\n# TYPE sglang:num_running_reqs gauge\n"
-            'sglang:num_running_reqs{tp_rank="0",dp="0"} 12.0\n'
-            'sglang:num_running_reqs{tp_rank="0",dp="1"} 7.0\nsglang:token_usage 0.5\n\n')
-    assert parse_metrics(text) == {"sglang:num_running_reqs": [12.0, 7.0],
-                                   "sglang:token_usage": [0.5]}
+    text = (
+        "# HELP sglang:num_running_reqs running\n# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{tp_rank="0",dp="0"} 12.0\n'
+        'sglang:num_running_reqs{tp_rank="0",dp="1"} 7.0\nsglang:token_usage 0.5\n\n'
+    )
+    assert parse_metrics(text) == {
+        "sglang:num_running_reqs": [12.0, 7.0],
+        "sglang:token_usage": [0.5],
+    }
 
 
 def test_live_line_counts_rates_failures_and_etas():
     clock, out = Clock(), io.StringIO()
-    live = GenerationMonitor("a", total_samples=10, done_samples=2, budget_tokens=1000,
-                             used_tokens=100, others=[Backlog("b", 5, 500), Backlog("a", 9, 9)],
-                             every_s=30, stream=out, clock=clock)
+    live = GenerationMonitor(
+        "a",
+        total_samples=10,
+        done_samples=2,
+        budget_tokens=1000,
+        used_tokens=100,
+        others=[Backlog("b", 5, 500), Backlog("a", 9, 9)],
+        every_s=30,
+        stream=out,
+        clock=clock,
+    )
     for ids in ([1] * 60, [1] * 40, [], [1] * 100):
         clock.now += 2.5
         live.update(Completion("x", ids, "abort" if not ids else "length", 0.1))
@@ -43,8 +56,10 @@ def test_live_line_counts_rates_failures_and_etas():
     line = live.line()
     # 4 done in 10 s: 200 tokens, 20 tok/s, mean 50; a: 4 prompts left -> 200 tokens = 10 s;
     # b: min(500, 5 * 50) = 250 more tokens -> run 450 tokens = 22 s
-    assert line == ("[generate a] 6/10 samples  300/1,000 tokens  20 tok/s  24.0 done/min  "
-                    "mean 50 tok  failed 1  eta 0:00:10  run eta 0:00:22")
+    assert line == (
+        "[generate a] 6/10 samples  300/1,000 tokens  20 tok/s  24.0 done/min  "
+        "mean 50 tok  failed 1  eta 0:00:10  run eta 0:00:22"
+    )
     clock.now += 30
     live.update(Completion("x", [1] * 50, "stop", 0.1))
     assert out.getvalue().startswith("[generate a] 7/10 samples  350/1,000 tokens")
@@ -90,14 +105,28 @@ def test_projected_hours_follow_the_measured_rate(hf_engine, prompts):
 
 def test_estimate_cli(tmp_path, target, prompts_file, capsys):
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({
-        "target": {"path": target.path, "chat_template": target.chat_template, "device": "cpu",
-                   "dtype": "float32"},
-        "datasets": {"t": {"prep": {"format": "sharegpt", "path": "x"},
-                           "generate": {"budget_tokens": 500}}},
-        "generate": {"engine": "hf", "max_new_tokens": 4, "batch_size": 4}}))
-    estimate.main(samples=4, params=params, prompts_dir=prompts_file.parent,
-                 raw_dir=tmp_path / "raw")
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "target": {
+                    "path": target.path,
+                    "chat_template": target.chat_template,
+                    "device": "cpu",
+                    "dtype": "float32",
+                },
+                "datasets": {
+                    "t": {
+                        "prep": {"format": "sharegpt", "path": "x"},
+                        "generate": {"budget_tokens": 500},
+                    }
+                },
+                "generate": {"engine": "hf", "max_new_tokens": 4, "batch_size": 4},
+            }
+        )
+    )
+    estimate.main(
+        samples=4, params=params, prompts_dir=prompts_file.parent, raw_dir=tmp_path / "raw"
+    )
     out = capsys.readouterr().out
     assert "generated tokens/s over 4 samples" in out
     row = next(line.split() for line in out.splitlines() if line.startswith("t "))

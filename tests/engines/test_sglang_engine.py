@@ -1,6 +1,7 @@
 """The sglang engine against real local servers: same tokens as the in-process engine, every
 sampling value on the wire, retries where a retry can help and nowhere else; and the request
 stream both engines take, which may wait on replies."""
+
 from __future__ import annotations
 
 import socket
@@ -30,24 +31,37 @@ def test_same_tokens_as_the_in_process_engine(serve, hf_engine, prompts, stop_id
     sampling = Sampling(**GREEDY, stop_ids=tuple(sorted({*stop_ids, first[3]})))
     expected = by_id(hf_engine.generate(prompts, sampling))
     got = by_id(client(serve().url).generate(prompts, sampling))
-    assert {sid: (c.output_ids, c.finish_reason) for sid, c in got.items()} == \
-        {sid: (c.output_ids, c.finish_reason) for sid, c in expected.items()}
+    assert {sid: (c.output_ids, c.finish_reason) for sid, c in got.items()} == {
+        sid: (c.output_ids, c.finish_reason) for sid, c in expected.items()
+    }
     stopped = got[prompts[0][0]]
     assert stopped.finish_reason == "stop" and stopped.output_ids[-1] == first[3]
 
 
 def test_every_sampling_value_is_sent(serve, prompts):
     server = serve()
-    sampling = Sampling(max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=20, seed=3,
-                        stop_ids=(2, 7))
+    sampling = Sampling(
+        max_new_tokens=5, temperature=0.7, top_p=0.9, top_k=20, seed=3, stop_ids=(2, 7)
+    )
     list(client(server.url).generate(prompts[:2], sampling))
     body = next(b for b in server.received if b["rid"] == f"{prompts[1][0]}#0")
     assert body["input_ids"] == prompts[1][1] and body["stream"] is False
     assert body["sampling_params"] == {
-        "max_new_tokens": 5, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "min_p": 0.0,
-        "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-        "stop_token_ids": [2, 7], "ignore_eos": False, "skip_special_tokens": False,
-        "no_stop_trim": True, "sampling_seed": sample_seed(3, prompts[1][0]), "n": 1}
+        "max_new_tokens": 5,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "stop_token_ids": [2, 7],
+        "ignore_eos": False,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "sampling_seed": sample_seed(3, prompts[1][0]),
+        "n": 1,
+    }
     assert sample_seed(3, "a") == sample_seed(3, "a") != sample_seed(3, "b") != sample_seed(4, "b")
 
 
@@ -56,8 +70,9 @@ def test_503s_and_dropped_connections_are_retried(serve, prompts, stop_ids, refe
     server.faults.unavailable, server.faults.drop_connections = 3, 2
     engine = client(server.url)
     got = by_id(engine.generate(prompts, Sampling(**GREEDY, stop_ids=stop_ids)))
-    assert {s: c.output_ids for s, c in got.items()} == \
-        {s: c.output_ids for s, c in reference.items()}
+    assert {s: c.output_ids for s, c in got.items()} == {
+        s: c.output_ids for s, c in reference.items()
+    }
     assert server.stats["unavailable"] == 3 and server.stats["dropped_connections"] == 2
     assert engine.retries == 5
     retried = [b["rid"] for b in server.received if not b["rid"].endswith("#0")]
@@ -67,19 +82,25 @@ def test_503s_and_dropped_connections_are_retried(serve, prompts, stop_ids, refe
 def test_retries_run_out_with_the_server_named(serve, prompts, stop_ids):
     server = serve()
     server.faults.unavailable = 1000
-    with pytest.raises(SGLangError, match=r"3 attempts failed, the last: http://127\.0\.0\.1:\d+: "
-                                          r"HTTP 503: The server is overloaded"):
+    with pytest.raises(
+        SGLangError,
+        match=r"3 attempts failed, the last: http://127\.0\.0\.1:\d+: "
+        r"HTTP 503: The server is overloaded",
+    ):
         list(client(server.url, max_retries=2).generate(prompts[:1], Sampling(**GREEDY)))
 
 
 def test_a_400_is_recorded_as_abort_and_not_retried(serve, model, prompts, stop_ids, reference):
     server = serve()
     too_long = ("t/long", [1] * model.config.max_position_embeddings)
-    got = by_id(client(server.url).generate([too_long, *prompts[:3]],
-                                            Sampling(**GREEDY, stop_ids=stop_ids)))
+    got = by_id(
+        client(server.url).generate([too_long, *prompts[:3]], Sampling(**GREEDY, stop_ids=stop_ids))
+    )
     assert got["t/long"].finish_reason == "abort" and got["t/long"].output_ids == []
-    assert f"{server.url}: HTTP 400: The input ({len(too_long[1])} tokens) is longer than " \
-           f"the model's context length" in got["t/long"].error
+    assert (
+        f"{server.url}: HTTP 400: The input ({len(too_long[1])} tokens) is longer than "
+        f"the model's context length" in got["t/long"].error
+    )
     assert [b["rid"] for b in server.received if b["rid"].startswith("t/long")] == ["t/long#0"]
     for sid, _ in prompts[:3]:
         assert got[sid].output_ids == reference[sid].output_ids
@@ -132,14 +153,16 @@ def test_requests_are_pulled_only_when_a_slot_is_free(serve, prompts):
     assert len(pulled) == 3
 
 
-def test_several_servers_share_the_work_and_a_dead_one_is_routed_around(serve, prompts, stop_ids,
-                                                                        reference):
+def test_several_servers_share_the_work_and_a_dead_one_is_routed_around(
+    serve, prompts, stop_ids, reference
+):
     a, b = serve(), serve()
     dead = f"http://127.0.0.1:{free_port()}"
     engine = client(a.url, b.url, dead, concurrency=2)
     got = by_id(engine.generate(prompts, Sampling(**GREEDY, stop_ids=stop_ids)))
-    assert {s: c.output_ids for s, c in got.items()} == \
-        {s: c.output_ids for s, c in reference.items()}
+    assert {s: c.output_ids for s, c in got.items()} == {
+        s: c.output_ids for s, c in reference.items()
+    }
     assert a.stats["completed"] and b.stats["completed"]
     assert a.stats["completed"] + b.stats["completed"] == len(prompts)
     assert engine.retries >= 1 and engine.in_flight == dict.fromkeys(engine.urls, 0)
@@ -149,8 +172,7 @@ def test_a_silent_server_times_out_and_is_retried(prompts):
     with socket.socket() as silent:  # connections are accepted by the kernel, never answered
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
-        engine = client(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.2,
-                        max_retries=1)
+        engine = client(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.2, max_retries=1)
         with pytest.raises(SGLangError, match=r"2 attempts failed, the last: .*Timeout"):
             list(engine.generate(prompts[:1], Sampling(**GREEDY)))
     assert engine.retries == 1

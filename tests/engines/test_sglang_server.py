@@ -1,5 +1,6 @@
 """Launching SGLang from params: the exact command line, the health wait, a failed start shown
 with the server's log, and the server stopped when the run ends, on Ctrl-C or on SIGTERM."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,33 +14,89 @@ import time
 import pytest
 
 from stages.config import SGLangServerArgs
-from stages.engines.sglang_server import (SGLangServer, ServerError, launch_command, server_url,
-                                          wait_healthy)
+from stages.engines.sglang_server import (
+    ServerError,
+    SGLangServer,
+    launch_command,
+    server_url,
+    wait_healthy,
+)
 from tests.conftest import ROOT
 from tests.engines.conftest import free_port
 
 
 def test_launch_command_from_params():
-    args = SGLangServerArgs(host="0.0.0.0", port=31000, tp_size=8, dp_size=2,
-                            mem_fraction_static=0.85, context_length=65536,
-                            max_running_requests=512, kv_cache_dtype="fp8_e4m3",
-                            enable_hierarchical_cache=True, hicache_size=200,
-                            skip_tokenizer_init=True)
-    command = launch_command("/models/kimi-k2.5", dataclasses.asdict(args),
-                             ["--chunked-prefill-size", "8192"], trust_remote_code=True,
-                             python="python")
+    args = SGLangServerArgs(
+        host="0.0.0.0",
+        port=31000,
+        tp_size=8,
+        dp_size=2,
+        mem_fraction_static=0.85,
+        context_length=65536,
+        max_running_requests=512,
+        kv_cache_dtype="fp8_e4m3",
+        enable_hierarchical_cache=True,
+        hicache_size=200,
+        skip_tokenizer_init=True,
+    )
+    command = launch_command(
+        "/models/kimi-k2.5",
+        dataclasses.asdict(args),
+        ["--chunked-prefill-size", "8192"],
+        trust_remote_code=True,
+        python="python",
+    )
     assert command == [
-        "python", "-m", "sglang.launch_server", "--model-path", "/models/kimi-k2.5",
-        "--host", "0.0.0.0", "--port", "31000", "--tp-size", "8", "--dp-size", "2",
-        "--mem-fraction-static", "0.85", "--context-length", "65536",
-        "--max-running-requests", "512", "--kv-cache-dtype", "fp8_e4m3",
-        "--enable-hierarchical-cache", "--hicache-size", "200", "--enable-metrics",
-        "--skip-tokenizer-init", "--trust-remote-code", "--chunked-prefill-size", "8192"]
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "/models/kimi-k2.5",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "31000",
+        "--tp-size",
+        "8",
+        "--dp-size",
+        "2",
+        "--mem-fraction-static",
+        "0.85",
+        "--context-length",
+        "65536",
+        "--max-running-requests",
+        "512",
+        "--kv-cache-dtype",
+        "fp8_e4m3",
+        "--enable-hierarchical-cache",
+        "--hicache-size",
+        "200",
+        "--enable-metrics",
+        "--skip-tokenizer-init",
+        "--trust-remote-code",
+        "--chunked-prefill-size",
+        "8192",
+    ]
     assert server_url(args.host, args.port) == "http://127.0.0.1:31000"
     defaults = launch_command("m", dataclasses.asdict(SGLangServerArgs()), python="python")
-    assert defaults == ["python", "-m", "sglang.launch_server", "--model-path", "m", "--host",
-                        "127.0.0.1", "--port", "30000", "--tp-size", "1", "--dp-size", "1",
-                        "--kv-cache-dtype", "auto", "--enable-metrics"]
+    assert defaults == [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30000",
+        "--tp-size",
+        "1",
+        "--dp-size",
+        "1",
+        "--kv-cache-dtype",
+        "auto",
+        "--enable-metrics",
+    ]
 
 
 def test_health_wait_rides_out_503_until_ready(serve):
@@ -57,11 +114,16 @@ def test_health_wait_gives_up_at_the_timeout(serve):
 
 
 def test_a_server_that_dies_is_reported_with_its_log_and_nccl_env(tmp_path):
-    crash = ("import os; print('NVLS', os.environ['NCCL_NVLS_ENABLE'], "
-             "os.environ['TORCH_SYMM_MEM_DISABLE_MULTICAST'], os.environ['NVSHMEM_DISABLE_NVLS']);"
-             "print('torch.OutOfMemoryError: CUDA out of memory'); raise SystemExit(3)")
-    server = SGLangServer([sys.executable, "-c", crash], f"http://127.0.0.1:{free_port()}",
-                          tmp_path / "logs" / "server.log").start()
+    crash = (
+        "import os; print('NVLS', os.environ['NCCL_NVLS_ENABLE'], "
+        "os.environ['TORCH_SYMM_MEM_DISABLE_MULTICAST'], os.environ['NVSHMEM_DISABLE_NVLS']);"
+        "print('torch.OutOfMemoryError: CUDA out of memory'); raise SystemExit(3)"
+    )
+    server = SGLangServer(
+        [sys.executable, "-c", crash],
+        f"http://127.0.0.1:{free_port()}",
+        tmp_path / "logs" / "server.log",
+    ).start()
     with pytest.raises(ServerError) as err:
         server.wait_healthy(timeout_s=30, poll_s=0.05)
     message = str(err.value)
@@ -90,8 +152,13 @@ server = start_server({[sys.executable, "-c", HEALTHY_SERVER, str(port)]!r},
 print(server.process.pid, flush=True)
 time.sleep(60)
 """
-    parent = subprocess.Popen([sys.executable, "-c", run], cwd=ROOT, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", run],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     child = int(parent.stdout.readline() or 0)
     try:
         assert child and _alive(child), parent.stderr.read()

@@ -11,36 +11,56 @@ LM head never runs) plus causal attention, 2 x layers x T^2 x heads x head_dim p
 
 The target shapes and the timing, memory and table helpers here are shared with bench_train.
 """
+
 from __future__ import annotations
 
 import argparse
 import resource
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from stages.drafter.layers import default_aux_indices
-from stages.target.features import FeatureExtractor, decoder_parts
 from stages.runtime.device import resolve_device
+from stages.target.features import FeatureExtractor, decoder_parts
 
 H200_BF16_DENSE_TFLOPS = 989.0
 
 SHAPES = {
     "llama-3.1-8b": dict(
-        hidden_size=4096, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        intermediate_size=14336, vocab_size=128256, num_hidden_layers=32, rms_norm_eps=1e-5,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        num_hidden_layers=32,
+        rms_norm_eps=1e-5,
         max_position_embeddings=131072,
-        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192}),
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
     "tiny": dict(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        intermediate_size=128, vocab_size=512, num_hidden_layers=8, rms_norm_eps=1e-5,
-        max_position_embeddings=4096, rope_parameters={"rope_type": "default",
-                                                       "rope_theta": 10000.0}),
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=512,
+        num_hidden_layers=8,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+    ),
 }
 
 
@@ -53,7 +73,7 @@ def batch_shape(text: str) -> tuple[int, int]:
     try:
         batch, length = (int(x) for x in text.lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: write batch x length, e.g. 4x2048")
+        raise argparse.ArgumentTypeError(f"{text!r}: write batch x length, e.g. 4x2048") from None
     if batch < 1 or length < 4:
         raise argparse.ArgumentTypeError(f"{text!r}: batch must be >= 1 and length >= 4")
     return batch, length
@@ -62,8 +82,13 @@ def batch_shape(text: str) -> tuple[int, int]:
 def common_arguments(parser: argparse.ArgumentParser, batches: list[str]) -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    parser.add_argument("--batches", nargs="+", type=batch_shape,
-                        default=[batch_shape(b) for b in batches], help="batch x length list")
+    parser.add_argument(
+        "--batches",
+        nargs="+",
+        type=batch_shape,
+        default=[batch_shape(b) for b in batches],
+        help="batch x length list",
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per batch shape")
     parser.add_argument("--repeat", type=int, default=10, help="timed calls per batch shape")
 
@@ -73,8 +98,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_seconds(fn: Callable[[], object], device: torch.device, warmup: int,
-                   repeat: int) -> float:
+def median_seconds(
+    fn: Callable[[], object], device: torch.device, warmup: int, repeat: int
+) -> float:
     """Median wall time of `fn` after `warmup` calls, the device synchronised around each."""
     for _ in range(warmup):
         fn()
@@ -133,10 +159,17 @@ def compile_layers(model) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_arguments(parser, ["1x2048", "4x2048", "8x2048"])
-    parser.add_argument("--compile", action="store_true",
-                        help="time the forward with each decoder layer torch.compiled")
-    parser.add_argument("--peak-tflops", type=float, default=H200_BF16_DENSE_TFLOPS,
-                        help="dense bf16 peak the achieved rate is a share of (H200: 989)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="time the forward with each decoder layer torch.compiled",
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=H200_BF16_DENSE_TFLOPS,
+        help="dense bf16 peak the achieved rate is a share of (H200: 989)",
+    )
     args = parser.parse_args(argv)
 
     device = resolve_device(args.device)
@@ -145,11 +178,23 @@ def main(argv: list[str] | None = None) -> None:
     model = build_target(args.shape, device, dtype)
     layers = model.config.num_hidden_layers
     extractor = FeatureExtractor(model, default_aux_indices(layers))
-    print(f"extraction forward: {args.shape} ({layers} layers, aux {extractor.aux_indices}), "
-          f"{device}, {dtype}, median of {args.repeat} after {args.warmup} warm-up calls")
+    print(
+        f"extraction forward: {args.shape} ({layers} layers, aux {extractor.aux_indices}), "
+        f"{device}, {dtype}, median of {args.repeat} after {args.warmup} warm-up calls"
+    )
 
-    columns = ["variant", "batch", "length", "tokens/s", "ms/call", "TFLOP/s",
-               f"% of {args.peak_tflops:g}", "peak GiB", "device", "dtype"]
+    columns = [
+        "variant",
+        "batch",
+        "length",
+        "tokens/s",
+        "ms/call",
+        "TFLOP/s",
+        f"% of {args.peak_tflops:g}",
+        "peak GiB",
+        "device",
+        "dtype",
+    ]
     variant = "compile" if args.compile else "eager"
     if args.compile:
         compile_layers(model)
@@ -161,10 +206,20 @@ def main(argv: list[str] | None = None) -> None:
         seconds = median_seconds(lambda: extractor(ids, mask), device, args.warmup, args.repeat)
         tflops = forward_flops(model, batch, length) / seconds / 1e12
         share = f"{100 * tflops / args.peak_tflops:.1f}" if device.type == "cuda" else "-"
-        rows.append([variant, str(batch), str(length), f"{batch * length / seconds:,.0f}",
-                     f"{1e3 * seconds:.1f}", f"{tflops:.4g}", share,
-                     f"{peak_memory_gib(device):.2f}", device.type,
-                     str(dtype).removeprefix("torch.")])
+        rows.append(
+            [
+                variant,
+                str(batch),
+                str(length),
+                f"{batch * length / seconds:,.0f}",
+                f"{1e3 * seconds:.1f}",
+                f"{tflops:.4g}",
+                share,
+                f"{peak_memory_gib(device):.2f}",
+                device.type,
+                str(dtype).removeprefix("torch."),
+            ]
+        )
     print_table(columns, rows)
 
 

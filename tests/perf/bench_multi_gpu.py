@@ -16,6 +16,7 @@ saved as a local Hugging Face checkpoint, and on random merged samples:
 
 Prints a table and writes results.json (and each run's log) to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,8 +54,9 @@ def write_target(shape: str, device: torch.device, out: Path) -> None:
     model.save_pretrained(out)
 
 
-def write_merged(out: Path, samples: int, lengths: tuple[int, int], vocab: int,
-                 eval_samples: int) -> tuple[torch.Tensor, int]:
+def write_merged(
+    out: Path, samples: int, lengths: tuple[int, int], vocab: int, eval_samples: int
+) -> tuple[torch.Tensor, int]:
     """Random samples in the merge stage's schema; (supervised-token counts, all tokens).
 
     Tokens are drawn from a few thousand ids, so the target's outputs repeat enough to be learnt.
@@ -74,9 +76,17 @@ def write_merged(out: Path, samples: int, lengths: tuple[int, int], vocab: int,
             for start, end in spans:
                 counts += torch.bincount(ids[start:end], minlength=vocab)
             total += length
-            rows.append(dict(sample_id=f"{split}/{i:05d}", dataset="random",
-                             input_ids=ids.tolist(), loss_spans=spans, length=length,
-                             truncated=False, split=split))
+            rows.append(
+                dict(
+                    sample_id=f"{split}/{i:05d}",
+                    dataset="random",
+                    input_ids=ids.tolist(),
+                    loss_spans=spans,
+                    length=length,
+                    truncated=False,
+                    split=split,
+                )
+            )
         pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
     return counts, total
 
@@ -84,35 +94,59 @@ def write_merged(out: Path, samples: int, lengths: tuple[int, int], vocab: int,
 def write_params(path: Path, args, target: Path, total_tokens: int) -> None:
     params = {
         "target": {"path": str(target), "device": args.device},
-        "extract": {"layers": None, "batch_tokens": args.batch_tokens, "dtype": "bfloat16",
-                    # about 8 shards per rank, so every rank gets the same share of the work
-                    "shard_tokens": max(1, total_tokens // (8 * args.world))},
-        "train": {"ttt_steps": args.ttt_steps, "max_steps": args.train_steps,
-                  "batch_size": args.batch, "max_length": args.lengths[1], "lr": 1e-3,
-                  "eval_every": args.train_steps, "eval_max_samples": 4 * args.world,
-                  "checkpoint_every": args.train_steps // 2, "device": args.device},
+        "extract": {
+            "layers": None,
+            "batch_tokens": args.batch_tokens,
+            "dtype": "bfloat16",
+            # about 8 shards per rank, so every rank gets the same share of the work
+            "shard_tokens": max(1, total_tokens // (8 * args.world)),
+        },
+        "train": {
+            "ttt_steps": args.ttt_steps,
+            "max_steps": args.train_steps,
+            "batch_size": args.batch,
+            "max_length": args.lengths[1],
+            "lr": 1e-3,
+            "eval_every": args.train_steps,
+            "eval_max_samples": 4 * args.world,
+            "checkpoint_every": args.train_steps // 2,
+            "device": args.device,
+        },
     }
     path.write_text(yaml.safe_dump(params))
 
 
-def run_stage(module: str, args: list, world: int, log: Path,
-              on_wait=None) -> float:
+def run_stage(module: str, args: list, world: int, log: Path, on_wait=None) -> float:
     """Run a stage (by torchrun when world > 1) from the repository root; its wall seconds."""
-    cmd = [sys.executable, "-m", module] if world == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(world), "-m", module]
+    cmd = (
+        [sys.executable, "-m", module]
+        if world == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(world),
+            "-m",
+            module,
+        ]
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
     start = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.Popen([*cmd, *map(str, args)], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [*cmd, *map(str, args)], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
         while proc.poll() is None:
             if on_wait:
                 on_wait()
             time.sleep(0.05)
     if proc.returncode:
-        sys.exit(f"{module} x{world} failed (exit {proc.returncode}); see {log}:\n"
-                 + log.read_text()[-3000:])
+        sys.exit(
+            f"{module} x{world} failed (exit {proc.returncode}); see {log}:\n"
+            + log.read_text()[-3000:]
+        )
     return time.monotonic() - start
 
 
@@ -130,8 +164,12 @@ def compare_shards(a: Path, b: Path) -> dict:
                     same = False
                     max_abs = max(max_abs, float((x.float() - y.float()).abs().max()))
             equal += same
-    return {"shards": len(names), "same_files": True, "bitwise_equal": equal,
-            "max_abs_diff": max_abs}
+    return {
+        "shards": len(names),
+        "same_files": True,
+        "bitwise_equal": equal,
+        "max_abs_diff": max_abs,
+    }
 
 
 def losses(report_dir: Path) -> list[float]:
@@ -165,14 +203,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-3.1-8b")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--samples", type=int, default=240, help="train samples")
-    parser.add_argument("--lengths", type=int, nargs=2, default=[1024, 2048],
-                        help="shortest and longest sample, tokens")
+    parser.add_argument(
+        "--lengths",
+        type=int,
+        nargs=2,
+        default=[1024, 2048],
+        help="shortest and longest sample, tokens",
+    )
     parser.add_argument("--batch-tokens", type=int, default=16384, help="extract.batch_tokens")
     parser.add_argument("--train-steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=4, help="global batch of the 1-GPU run")
     parser.add_argument("--ttt-steps", type=int, default=7)
-    parser.add_argument("--stages", nargs="+", choices=["extract", "train"],
-                        default=["extract", "train"], help="which comparisons to run")
+    parser.add_argument(
+        "--stages",
+        nargs="+",
+        choices=["extract", "train"],
+        default=["extract", "train"],
+        help="which comparisons to run",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-multi-gpu"))
     parser.add_argument("--out", type=Path, default=Path("reports/perf-multi-gpu"))
     args = parser.parse_args(argv)
@@ -185,31 +233,53 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[multi-gpu] building a random {args.shape} target in {work / 'target'}", flush=True)
     write_target(args.shape, device, work / "target")
     vocab = SHAPES[args.shape]["vocab_size"]
-    counts, total = write_merged(work / "merged", args.samples, tuple(args.lengths), vocab,
-                                 eval_samples=4 * n)
+    counts, total = write_merged(
+        work / "merged", args.samples, tuple(args.lengths), vocab, eval_samples=4 * n
+    )
     params = work / "params.yaml"
     write_params(params, args, work / "target", total)
     d2t, t2d, _ = build_draft_vocab(counts, DRAFT_VOCAB[args.shape])
     (work / "vocab").mkdir()
     save_file({"d2t": d2t, "t2d": t2d}, str(work / "vocab" / "d2t_t2d.safetensors"))
 
-    results: dict = {"world": n, "shape": args.shape, "device": args.device,
-                     "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                     "tokens": total, "torch": torch.__version__}
+    results: dict = {
+        "world": n,
+        "shape": args.shape,
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "tokens": total,
+        "torch": torch.__version__,
+    }
 
     def save() -> None:
         (out / "results.json").write_text(json.dumps(results, indent=2))
 
     for world in (1, n):
-        seconds = run_stage("stages.extract", [
-            "--params", params, "--merged", work / "merged",
-            "--out", work / f"hidden-{world}", "--report", work / f"extract-{world}.json"],
-            world, out / f"extract-{world}.log")
+        seconds = run_stage(
+            "stages.extract",
+            [
+                "--params",
+                params,
+                "--merged",
+                work / "merged",
+                "--out",
+                work / f"hidden-{world}",
+                "--report",
+                work / f"extract-{world}.json",
+            ],
+            world,
+            out / f"extract-{world}.log",
+        )
         report = json.loads((work / f"extract-{world}.json").read_text())
-        results[f"extract_{world}"] = {"tokens_per_s": report["tokens_per_s"],
-                                       "wall_s": round(seconds, 1)}
-        print(f"[multi-gpu] extract x{world}: {report['tokens_per_s']:,.0f} tok/s "
-              f"({seconds:.0f} s with start-up)", flush=True)
+        results[f"extract_{world}"] = {
+            "tokens_per_s": report["tokens_per_s"],
+            "wall_s": round(seconds, 1),
+        }
+        print(
+            f"[multi-gpu] extract x{world}: {report['tokens_per_s']:,.0f} tok/s "
+            f"({seconds:.0f} s with start-up)",
+            flush=True,
+        )
         save()
     results["extract_equality"] = compare_shards(work / "hidden-1", work / f"hidden-{n}")
     save()
@@ -222,22 +292,44 @@ def train_runs(args, work: Path, params: Path, results: dict, save) -> None:
     """Train by 1 process, by N at the same and at N x the global batch, and resumed by 1."""
     n, out = args.world, args.out
 
-    def train(run: str, world: int, batch: int, checkpoints: Path | None = None,
-              on_wait=None) -> dict:
+    def train(
+        run: str, world: int, batch: int, checkpoints: Path | None = None, on_wait=None
+    ) -> dict:
         checkpoints = checkpoints or work / f"checkpoints-{run}"
         run_params = work / f"params-{run}.yaml"
         p = yaml.safe_load(params.read_text())
         p["train"]["batch_size"] = batch
         run_params.write_text(yaml.safe_dump(p))
-        seconds = run_stage("stages.train", [
-            "--params", run_params, "--hidden-dir", work / "hidden-1",
-            "--vocab-file", work / "vocab" / "d2t_t2d.safetensors",
-            "--checkpoint-dir", checkpoints, "--out-dir", work / f"drafter-{run}",
-            "--report", work / f"reports-{run}" / "train.json",
-            "--plots", work / f"reports-{run}" / "plots"], world, out / f"train-{run}.log", on_wait)
+        seconds = run_stage(
+            "stages.train",
+            [
+                "--params",
+                run_params,
+                "--hidden-dir",
+                work / "hidden-1",
+                "--vocab-file",
+                work / "vocab" / "d2t_t2d.safetensors",
+                "--checkpoint-dir",
+                checkpoints,
+                "--out-dir",
+                work / f"drafter-{run}",
+                "--report",
+                work / f"reports-{run}" / "train.json",
+                "--plots",
+                work / f"reports-{run}" / "plots",
+            ],
+            world,
+            out / f"train-{run}.log",
+            on_wait,
+        )
         report = json.loads((work / f"reports-{run}" / "train.json").read_text())
-        row = {"world": world, "global_batch": batch, "tokens_per_s": report["tokens_per_s"],
-               "final_loss": report["final_loss"], "wall_s": round(seconds, 1)}
+        row = {
+            "world": world,
+            "global_batch": batch,
+            "tokens_per_s": report["tokens_per_s"],
+            "final_loss": report["final_loss"],
+            "wall_s": round(seconds, 1),
+        }
         results[f"train_{run}"] = row
         print(f"[multi-gpu] train {run}: {row}", flush=True)
         save()
@@ -247,11 +339,13 @@ def train_runs(args, work: Path, params: Path, results: dict, save) -> None:
     train("1", 1, args.batch)
     train(str(n), n, args.batch, on_wait=snapshot)
     train(f"{n}-scaled", n, args.batch * n)
-    results["train_loss_gap"] = largest_gap(losses(work / "reports-1"),
-                                            losses(work / f"reports-{n}"))
+    results["train_loss_gap"] = largest_gap(
+        losses(work / "reports-1"), losses(work / f"reports-{n}")
+    )
     if snapshot.taken:
-        results["resumed_at_step"] = torch.load(snapshot.dest / "last.pt", map_location="cpu",
-                                                weights_only=True)["state"]["step"]
+        results["resumed_at_step"] = torch.load(
+            snapshot.dest / "last.pt", map_location="cpu", weights_only=True
+        )["state"]["step"]
         train("resumed", 1, args.batch, checkpoints=work / "checkpoints-resumed")
         resumed = losses(work / "reports-resumed")
         results["resume_loss_gap"] = largest_gap(resumed, losses(work / f"reports-{n}"))
@@ -262,23 +356,44 @@ def print_report(r: dict, n: int) -> None:
     e1, en = r["extract_1"]["tokens_per_s"], r[f"extract_{n}"]["tokens_per_s"]
     eq = r["extract_equality"]
     print(f"\n{r['world']} x {r['gpu']} against 1, {r['shape']}, {r['tokens']:,} tokens")
-    rows = [["extract", "1", f"{e1:,.0f}", "1.00", "-"],
-            ["extract", str(n), f"{en:,.0f}", f"{en / e1:.2f}",
-             f"{eq.get('bitwise_equal', 0)}/{eq['shards']} shards bitwise equal"]]
+    rows = [
+        ["extract", "1", f"{e1:,.0f}", "1.00", "-"],
+        [
+            "extract",
+            str(n),
+            f"{en:,.0f}",
+            f"{en / e1:.2f}",
+            f"{eq.get('bitwise_equal', 0)}/{eq['shards']} shards bitwise equal",
+        ],
+    ]
     if "train_1" not in r:
         print_table(["run", "processes", "tokens/s", "x 1 process", "check"], rows)
         return
     t1, tn = r["train_1"]["tokens_per_s"], r[f"train_{n}-scaled"]["tokens_per_s"]
-    print_table(["run", "processes", "tokens/s", "x 1 process", "check"], rows + [
-        ["train", "1", f"{t1:,.0f}", "1.00", "-"],
-        ["train, same global batch", str(n), f"{r[f'train_{n}']['tokens_per_s']:,.0f}",
-         f"{r[f'train_{n}']['tokens_per_s'] / t1:.2f}",
-         f"loss within {r['train_loss_gap']:.2e} rel. of 1 process"],
-        ["train, same batch per GPU", str(n), f"{tn:,.0f}", f"{tn / t1:.2f}", "-"],
-        ["train, resumed by 1", "1", f"{r['train_resumed']['tokens_per_s']:,.0f}", "-",
-         f"from step {r['resumed_at_step']}: loss within {r['resume_loss_gap']:.2e} rel."]
-        if "train_resumed" in r else ["train, resumed by 1", "1", "-", "-", "not run"],
-    ])
+    print_table(
+        ["run", "processes", "tokens/s", "x 1 process", "check"],
+        rows
+        + [
+            ["train", "1", f"{t1:,.0f}", "1.00", "-"],
+            [
+                "train, same global batch",
+                str(n),
+                f"{r[f'train_{n}']['tokens_per_s']:,.0f}",
+                f"{r[f'train_{n}']['tokens_per_s'] / t1:.2f}",
+                f"loss within {r['train_loss_gap']:.2e} rel. of 1 process",
+            ],
+            ["train, same batch per GPU", str(n), f"{tn:,.0f}", f"{tn / t1:.2f}", "-"],
+            [
+                "train, resumed by 1",
+                "1",
+                f"{r['train_resumed']['tokens_per_s']:,.0f}",
+                "-",
+                f"from step {r['resumed_at_step']}: loss within {r['resume_loss_gap']:.2e} rel.",
+            ]
+            if "train_resumed" in r
+            else ["train, resumed by 1", "1", "-", "-", "not run"],
+        ],
+    )
 
 
 if __name__ == "__main__":

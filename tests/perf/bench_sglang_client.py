@@ -7,6 +7,7 @@ figures are the client's.
 
 The issue asks for at least 1,000 completed requests/s at 512 in flight.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,23 @@ TARGET_PER_S = 1000
 
 
 def canned_reply(output_tokens: int) -> bytes:
-    body = json.dumps({"text": "", "output_ids": list(range(1000, 1000 + output_tokens)),
-                       "meta_info": {"id": "stub", "prompt_tokens": 0,
-                                     "finish_reason": {"type": "length", "length": output_tokens},
-                                     "completion_tokens": output_tokens, "e2e_latency": 0.0}})
-    return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n%s" % (len(body), body.encode()))
+    body = json.dumps(
+        {
+            "text": "",
+            "output_ids": list(range(1000, 1000 + output_tokens)),
+            "meta_info": {
+                "id": "stub",
+                "prompt_tokens": 0,
+                "finish_reason": {"type": "length", "length": output_tokens},
+                "completion_tokens": output_tokens,
+                "e2e_latency": 0.0,
+            },
+        }
+    )
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body.encode(),
+    )
 
 
 class StubProtocol(asyncio.Protocol):
@@ -46,10 +58,10 @@ class StubProtocol(asyncio.Protocol):
         while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
             head = self.buffer[:end].lower()
             at = head.find(b"content-length:")
-            length = int(head[at + 15:].split(b"\r\n", 1)[0]) if at >= 0 else 0
+            length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
             if len(self.buffer) < end + 4 + length:
                 return
-            self.buffer = self.buffer[end + 4 + length:]
+            self.buffer = self.buffer[end + 4 + length :]
             self.transport.write(self.answer)
 
 
@@ -60,14 +72,16 @@ def serve_stub(sock: socket.socket, output_tokens: int, core: int | None) -> Non
 
     async def serve() -> None:
         server = await asyncio.get_running_loop().create_server(
-            lambda: StubProtocol(answer), sock=sock, backlog=2048)
+            lambda: StubProtocol(answer), sock=sock, backlog=2048
+        )
         await server.serve_forever()
 
     asyncio.run(serve())
 
 
-def measure(url: str, requests: int, concurrency: int, prompt_tokens: int,
-            sampling: Sampling) -> tuple[float, float, int]:
+def measure(
+    url: str, requests: int, concurrency: int, prompt_tokens: int, sampling: Sampling
+) -> tuple[float, float, int]:
     """Completed requests/s, client CPU µs per request, output tokens received."""
     engine = SGLangEngine([url], concurrency=concurrency, max_retries=0)
     prompt = list(range(100, 100 + prompt_tokens))
@@ -91,28 +105,34 @@ def main() -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(2048)
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    stub = multiprocessing.Process(target=serve_stub, args=(sock, args.output_tokens, stub_core),
-                                   daemon=True)
+    stub = multiprocessing.Process(
+        target=serve_stub, args=(sock, args.output_tokens, stub_core), daemon=True
+    )
     stub.start()
     os.sched_setaffinity(0, {client_core})
     sampling = Sampling(max_new_tokens=args.output_tokens, stop_ids=(2,))
-    print(f"client on core {client_core}, stub on core {stub_core}; prompts of "
-          f"{args.prompt_tokens} tokens, replies of {args.output_tokens} output_ids")
-    print(f"{'in flight':>10}{'requests':>10}{'completed/s':>13}{'client CPU µs/req':>19}"
-          f"{'wall µs/req':>13}")
+    print(
+        f"client on core {client_core}, stub on core {stub_core}; prompts of "
+        f"{args.prompt_tokens} tokens, replies of {args.output_tokens} output_ids"
+    )
+    print(
+        f"{'in flight':>10}{'requests':>10}{'completed/s':>13}{'client CPU µs/req':>19}"
+        f"{'wall µs/req':>13}"
+    )
     try:
         measure(url, 1000, 64, args.prompt_tokens, sampling)  # warm-up
-        for concurrency, requests in ((512, args.requests), (64, args.requests // 2),
-                                      (1, 2000)):
-            rate, cpu_us, tokens = measure(url, requests, concurrency, args.prompt_tokens,
-                                           sampling)
+        for concurrency, requests in ((512, args.requests), (64, args.requests // 2), (1, 2000)):
+            rate, cpu_us, tokens = measure(url, requests, concurrency, args.prompt_tokens, sampling)
             assert tokens == requests * args.output_tokens
-            print(f"{concurrency:>10}{requests:>10}{rate:>13,.0f}{cpu_us:>19,.0f}"
-                  f"{1e6 / rate:>13,.0f}")
+            print(
+                f"{concurrency:>10}{requests:>10}{rate:>13,.0f}{cpu_us:>19,.0f}{1e6 / rate:>13,.0f}"
+            )
             if concurrency == 512:
                 verdict = "meets" if rate >= TARGET_PER_S else "MISSES"
-                summary = (f"512 in flight: {rate:,.0f} completed requests/s, {verdict} the "
-                           f"{TARGET_PER_S:,}/s target")
+                summary = (
+                    f"512 in flight: {rate:,.0f} completed requests/s, {verdict} the "
+                    f"{TARGET_PER_S:,}/s target"
+                )
     finally:
         stub.terminate()
     print(summary)

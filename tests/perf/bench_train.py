@@ -7,8 +7,10 @@
 Reference (DESIGN.md, SpecForge on one H200 at Llama-3.1-8B shapes): 19,300 tokens/s at batch 1,
 26,100 at batch 4; the goal is 1.5x that. The inputs are what the training loop gives the step:
 a float32 drafter, float32 target embedding and LM head, collated features (bf16 as stored on
-GPU, float32 on CPU), bf16 autocast on GPU. `labels ms` times the target's soft labels alone (`soft_labels`, part of every step).
+GPU, float32 on CPU), bf16 autocast on GPU. `labels ms` times the target's soft labels alone
+(`soft_labels`, part of every step).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +22,15 @@ from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import Objective, autocast_for, feature_dtype, training_step
 from stages.drafter.ttt import soft_labels
 from stages.runtime.device import resolve_device
-from tests.perf.bench_extract import (common_arguments, median_seconds, peak_memory_gib,
-                                      print_table, reset_peak_memory, synchronize,
-                                      target_config)
+from tests.perf.bench_extract import (
+    common_arguments,
+    median_seconds,
+    peak_memory_gib,
+    print_table,
+    reset_peak_memory,
+    synchronize,
+    target_config,
+)
 
 DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 128}
 
@@ -30,8 +38,9 @@ DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 128}
 def build_objective(shape: str, ttt_steps: int, decay: float, device: torch.device) -> Objective:
     """A fresh drafter over random frozen target embedding / LM head, as stages.train builds it."""
     target = target_config(shape)
-    cfg = Eagle3Config.from_target(target, DRAFT_VOCAB[shape],
-                                   default_aux_indices(target.num_hidden_layers))
+    cfg = Eagle3Config.from_target(
+        target, DRAFT_VOCAB[shape], default_aux_indices(target.num_hidden_layers)
+    )
     with torch.device(device):
         drafter = Eagle3Drafter(cfg)
         embed = 0.02 * torch.randn(target.vocab_size, target.hidden_size)
@@ -39,8 +48,9 @@ def build_objective(shape: str, ttt_steps: int, decay: float, device: torch.devi
     return Objective(drafter, embed, head, ttt_steps, decay)
 
 
-def random_batch(cfg: Eagle3Config, batch: int, length: int,
-                 device: torch.device) -> dict[str, torch.Tensor]:
+def random_batch(
+    cfg: Eagle3Config, batch: int, length: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """A collated batch as the training loop gives it (features bf16 on GPU, as stored; fp32 on
     CPU: stages.drafter.training.feature_dtype), every position supervised."""
     dtype = feature_dtype(device) or torch.bfloat16
@@ -71,10 +81,14 @@ def main(argv: list[str] | None = None) -> None:
     common_arguments(parser, ["1x2048", "4x2048"])
     parser.add_argument("--ttt-steps", type=int, default=7)
     parser.add_argument("--decay", type=float, default=0.8)
-    parser.add_argument("--tf32", action="store_true",
-                        help="let float32 matmuls (the target-label matmul) use TF32")
-    parser.add_argument("--profile", action="store_true",
-                        help="after timing, print the kernels of one step by device time")
+    parser.add_argument(
+        "--tf32", action="store_true", help="let float32 matmuls (the target-label matmul) use TF32"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="after timing, print the kernels of one step by device time",
+    )
     args = parser.parse_args(argv)
 
     device = resolve_device(args.device)
@@ -91,22 +105,44 @@ def main(argv: list[str] | None = None) -> None:
     def step(batch: dict[str, torch.Tensor]) -> None:
         training_step(objective, batch, params, opt, 1.0, autocast)
 
-    print(f"training step: {args.shape} drafter ({sum(p.numel() for p in params):,} parameters, "
-          f"draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
-          f"median of {args.repeat} after {args.warmup} warm-up steps")
-    columns = ["batch", "length", "tokens/s", "ms/step", "labels ms", "peak GiB", "device",
-               "dtype", "ttt_steps"]
+    print(
+        f"training step: {args.shape} drafter ({sum(p.numel() for p in params):,} parameters, "
+        f"draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
+        f"median of {args.repeat} after {args.warmup} warm-up steps"
+    )
+    columns = [
+        "batch",
+        "length",
+        "tokens/s",
+        "ms/step",
+        "labels ms",
+        "peak GiB",
+        "device",
+        "dtype",
+        "ttt_steps",
+    ]
     rows = []
     for batch_size, length in args.batches:
         batch = random_batch(drafter.cfg, batch_size, length, device)
         reset_peak_memory(device)
         seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
         peak = peak_memory_gib(device)
-        labels = median_seconds(lambda: soft_labels(batch["last"], drafter, objective.lm_head),
-                                device, 1, args.repeat)
-        rows.append([str(batch_size), str(length), f"{batch_size * length / seconds:,.0f}",
-                     f"{1e3 * seconds:.1f}", f"{1e3 * labels:.1f}", f"{peak:.2f}", device.type,
-                     dtype, str(args.ttt_steps)])
+        labels = median_seconds(
+            lambda: soft_labels(batch["last"], drafter, objective.lm_head), device, 1, args.repeat
+        )
+        rows.append(
+            [
+                str(batch_size),
+                str(length),
+                f"{batch_size * length / seconds:,.0f}",
+                f"{1e3 * seconds:.1f}",
+                f"{1e3 * labels:.1f}",
+                f"{peak:.2f}",
+                device.type,
+                dtype,
+                str(args.ttt_steps),
+            ]
+        )
         if args.profile:
             print_profile(lambda: step(batch), device)
         del batch

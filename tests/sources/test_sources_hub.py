@@ -1,5 +1,6 @@
 """stages.sources.hub: a hub dataset saved as Parquet that the adapters read. The `datasets`
 library is replaced by a stand-in with its interface (the tests run offline)."""
+
 from __future__ import annotations
 
 import sys
@@ -30,8 +31,12 @@ def hub(monkeypatch) -> list[tuple]:
 
     def load_dataset(dataset_id, config=None, split=None, revision=None):
         calls.append((dataset_id, config, split, revision))
-        return FakeSplit([{"question": "What is 2 + 3?", "answer": "5"},
-                          {"question": "What is 7 * 6?", "answer": "42"}])
+        return FakeSplit(
+            [
+                {"question": "What is 2 + 3?", "answer": "5"},
+                {"question": "What is 7 * 6?", "answer": "42"},
+            ]
+        )
 
     monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
     return calls

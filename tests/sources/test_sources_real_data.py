@@ -1,4 +1,5 @@
 """The adapters on the real public sample files in ../shared/data (read in place)."""
+
 import json
 from pathlib import Path
 
@@ -31,8 +32,9 @@ def test_sharegpt_multi_turn_conversations():
     source = json.loads((DATA / "sharegpt/dummy_conversation.json").read_text())
     assert [c.source_id for c in conversations] == [r["id"] for r in source]
     for conversation, row in zip(conversations, source):
-        assert [m["content"] for m in conversation.messages] == \
-            [t["value"] for t in row["conversations"]]
+        assert [m["content"] for m in conversation.messages] == [
+            t["value"] for t in row["conversations"]
+        ]
         roles = [m["role"] for m in conversation.messages]
         assert roles == ["user", "assistant"] * (len(roles) // 2)
         assert prompt_messages(conversation.messages) == conversation.messages[:-1]

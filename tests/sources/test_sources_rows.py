@@ -34,12 +34,15 @@ def test_json_list_of_numbers_is_not_cut_at_a_chunk_edge(tmp_path, monkeypatch):
     assert "is a number, expected an object" in errors[0].reason
 
 
-@pytest.mark.parametrize("text, row, fragment", [
-    ('[{"a": 1}, {"a": 2,}]', 2, "not valid JSON"),
-    ('[{"a": 1} {"a": 2}]', 2, "expected ',' or ']' after element 1"),
-    ('[{"a": 1}] trailing', 2, "after the closing ']'"),
-    ('[{"a": 1}', 2, "found 'the end of the file'"),
-])
+@pytest.mark.parametrize(
+    "text, row, fragment",
+    [
+        ('[{"a": 1}, {"a": 2,}]', 2, "not valid JSON"),
+        ('[{"a": 1} {"a": 2}]', 2, "expected ',' or ']' after element 1"),
+        ('[{"a": 1}] trailing', 2, "after the closing ']'"),
+        ('[{"a": 1}', 2, "found 'the end of the file'"),
+    ],
+)
 def test_json_list_syntax_error_names_the_element_and_is_fatal(tmp_path, text, row, fragment):
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -53,8 +56,10 @@ def test_jsonl_counts_lines_and_skips_bad_ones_when_asked(tmp_path):
     path = tmp_path / "data.jsonl"
     path.write_bytes(b'{"a": 1}\n\n  \n{"a": 2\n[1, 2]\n\xff\xfe\n{"a": 3}\n')
     errors = []
-    assert numbered(path, on_bad_row=errors.append) == [(1, "line", {"a": 1}),
-                                                        (7, "line", {"a": 3})]
+    assert numbered(path, on_bad_row=errors.append) == [
+        (1, "line", {"a": 1}),
+        (7, "line", {"a": 3}),
+    ]
     assert [(e.row, e.unit) for e in errors] == [(4, "line"), (5, "line"), (6, "line")]
     assert "not valid JSON" in errors[0].reason and "expected an object" in errors[1].reason
     assert str(errors[0]).startswith(f"{path}, line 4: ")
@@ -100,8 +105,12 @@ def test_file_errors_are_raised_before_iteration(tmp_path):
 def test_source_error_survives_pickling():
     error = SourceError("a.jsonl", 3, "missing field 'x'", "line")
     copy = pickle.loads(pickle.dumps(error))
-    assert (copy.path, copy.row, copy.reason, copy.unit) == \
-        ("a.jsonl", 3, "missing field 'x'", "line")
+    assert (copy.path, copy.row, copy.reason, copy.unit) == (
+        "a.jsonl",
+        3,
+        "missing field 'x'",
+        "line",
+    )
     assert str(copy) == "a.jsonl, line 3: missing field 'x'"
     assert str(SourceError("a.json", None, "no such file")) == "a.json: no such file"
 
@@ -120,7 +129,7 @@ def test_require_names_the_field_and_what_exists():
 def test_truncated_gzip_is_reported_at_the_line_it_breaks(tmp_path):
     whole = gzip.compress("".join(json.dumps(r) + "\n" for r in RECORDS).encode())
     path = tmp_path / "cut.jsonl.gz"
-    path.write_bytes(whole[:len(whole) // 2])
+    path.write_bytes(whole[: len(whole) // 2])
     seen = []
     with pytest.raises(SourceError, match="cannot read the file") as caught:
         seen.extend(read_rows(path))

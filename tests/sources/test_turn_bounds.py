@@ -1,4 +1,5 @@
 """Which assistant turns the target rewrites with regenerate: all_turns, and what stays source."""
+
 import pytest
 
 from stages.sources import prompt_messages, turn_bounds
@@ -11,8 +12,14 @@ def user(text):
 def reply(text, *calls):
     message = {"role": "assistant", "content": text}
     if calls:
-        message["tool_calls"] = [{"id": f"functions.{c}:0", "type": "function",
-                                  "function": {"name": c, "arguments": "{}"}} for c in calls]
+        message["tool_calls"] = [
+            {
+                "id": f"functions.{c}:0",
+                "type": "function",
+                "function": {"name": c, "arguments": "{}"},
+            }
+            for c in calls
+        ]
     return message
 
 
@@ -36,8 +43,17 @@ def test_every_turn_after_a_user_message_is_rewritten_and_the_last_reply_dropped
 
 
 def test_a_turn_whose_call_a_tool_result_answers_stays_as_the_source_has_it():
-    messages = [SYSTEM, user("weather?"), reply("", "weather"), result("weather"), reply("Sunny."),
-                user("and tomorrow?"), reply("", "forecast"), result("forecast"), reply("Rain.")]
+    messages = [
+        SYSTEM,
+        user("weather?"),
+        reply("", "weather"),
+        result("weather"),
+        reply("Sunny."),
+        user("and tomorrow?"),
+        reply("", "forecast"),
+        result("forecast"),
+        reply("Rain."),
+    ]
     assert prompts(messages) == [messages[:4], messages[5:8]]
     assert turn_bounds(messages)[-1][1] == len(prompt_messages(messages))  # as last_turn's
 
@@ -53,11 +69,14 @@ def test_replies_the_source_lacks_are_written_by_the_target():
     assert prompt_messages(messages) == [user("Write a poem.")]  # last_turn: the first question
 
 
-@pytest.mark.parametrize("messages, fragment", [
-    ([SYSTEM, UNWRITTEN, user("a")], "message 1 is a reply left to the target"),
-    ([user("a"), UNWRITTEN, result("f"), user("b")], "message 1 is a reply left to the target"),
-    ([SYSTEM, reply("hello")], "no user turn or tool result"),
-])
+@pytest.mark.parametrize(
+    "messages, fragment",
+    [
+        ([SYSTEM, UNWRITTEN, user("a")], "message 1 is a reply left to the target"),
+        ([user("a"), UNWRITTEN, result("f"), user("b")], "message 1 is a reply left to the target"),
+        ([SYSTEM, reply("hello")], "no user turn or tool result"),
+    ],
+)
 def test_conversations_without_a_turn_to_write(messages, fragment):
     with pytest.raises(ValueError, match=fragment):
         turn_bounds(messages)
