@@ -1,4 +1,4 @@
-# Set-up, demo run and tests. `make demo` and `make test` are the two commands of the README.
+# Set-up, demo run, checks and tests. `make demo` and `make test` are the two commands of the README.
 PYTHON ?= python3
 VENV ?= .venv
 # torch wheel: the CPU build by default; TORCH_SPEC=torch (plus TORCH_INDEX for a CUDA index) on GPUs
@@ -7,12 +7,13 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup demo test target prompts clean
+.PHONY: setup demo check test test-fast lock target prompts clean
 
-$(BIN)/.installed: pyproject.toml
+# Every other package at the version in constraints.txt (the versions CI ran with).
+$(BIN)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
 	touch $@
 
 setup: $(BIN)/.installed
@@ -25,8 +26,24 @@ demo: setup
 	print(f\"acceptance length tau (chain of {r['num_steps']} at T=0): {r['tau_greedy']} \
 	(replayed on the eval split in training: {t['best_replayed_tau']})\")"
 
+# Lint, format, types of the library, and the structure (dvc.yaml deps = imports; layering).
+check: setup
+	$(BIN)/ruff check stages tests tools
+	$(BIN)/ruff format --check stages tests tools
+	$(BIN)/mypy
+	$(BIN)/python tools/structure.py
+
 test: setup
 	$(BIN)/python -m pytest -q
+
+# Under a minute: everything but the slow tests (training runs, whole pipelines, kill -9, torchrun).
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lock: setup
+	{ sed -n 1,2p constraints.txt; $(BIN)/pip freeze --exclude-editable \
+	  | grep -v "^torch==\|^nvidia-\|^triton==\|^eagle-pipeline"; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 # Rebuild the committed demo target and prompt files (not part of `dvc repro`).
 target: setup

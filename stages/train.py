@@ -24,7 +24,8 @@ from .artifacts import hidden
 from .artifacts.hidden import HiddenStates
 from .cli import PathOpt, StageError, params_key, run
 from .drafter.export import check_export, export_drafter
-from .drafter.model import Eagle3Config, Eagle3Drafter
+from .drafter.layers import parse_version
+from .drafter.model import Eagle3Config, Eagle3Drafter, rope_serving_problem
 from .drafter.training import LoopSettings, Objective, train
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
@@ -108,7 +109,12 @@ def main(
     target_config = AutoConfig.from_pretrained(
         target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
     )
-    drafter = build_drafter(target_config, meta, vocab_file, p.draft)
+    with params_key("train.draft"):
+        drafter = build_drafter(target_config, meta, vocab_file, p.draft)
+    with params_key("train.sglang_version"):
+        version = parse_version(p.sglang_version) if p.sglang_version else None
+    if problem := rope_serving_problem(drafter.cfg.rope_scaling, version):
+        raise StageError(f"train.draft / train.sglang_version: {problem}")
     embed, head = embedding_and_head(target.path)
     train_set = HiddenStates(hidden_dir, "train", p.max_length)
     eval_set = HiddenStates(hidden_dir, "eval", p.max_length)

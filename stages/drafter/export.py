@@ -26,8 +26,20 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from ..runtime.io import atomic_path
-from .layers import serving_layer_ids, sglang_captured_indices, vllm_captured_indices
-from .model import Eagle3Config, Eagle3Drafter, TargetFacts, rope_fields, target_facts
+from .layers import (
+    parse_version,
+    serving_layer_ids,
+    sglang_captured_indices,
+    vllm_captured_indices,
+)
+from .model import (
+    Eagle3Config,
+    Eagle3Drafter,
+    TargetFacts,
+    rope_fields,
+    rope_serving_problem,
+    target_facts,
+)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -245,6 +257,11 @@ def _config_problems(
             f"{target.max_position_embeddings}; positions past it get no rotary "
             f"angles at serving time"
         )
+    rope = rope_serving_problem(
+        rope_fields(config)[1], parse_version(sglang_version) if sglang_version else None
+    )
+    if rope:
+        problems.append(f"config.json: {rope}")
     eagle = config.get("eagle_config") or {}
     if eagle.get("use_aux_hidden_state") is not True:
         problems.append("config.json: eagle_config.use_aux_hidden_state must be true")

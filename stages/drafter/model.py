@@ -2,7 +2,7 @@
 
 Everything the serving engines run is here, in plain torch, so training and speculative decoding
 share one forward (`Eagle3Drafter.step`) and cannot drift apart. The semantics are SGLang's
-`LlamaForCausalLMEagle3` (REFERENCE.md section 3):
+`LlamaForCausalLMEagle3` (docs/serving.md, section 3):
 
     h = fc(aux)                      only when the incoming hidden state is num_aux * target wide
     residual = h
@@ -124,6 +124,7 @@ def _get(config: Any, key: str, default):
 def rope_fields(config: Any) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None for plain RoPE), with `rope_type` as the scaling's key."""
     params = _get(config, "rope_parameters", None)
+    scaling: dict | None
     if isinstance(params, dict) and "rope_theta" in params:
         theta = params["rope_theta"]
         scaling = {k: v for k, v in params.items() if k != "rope_theta"}
@@ -217,7 +218,7 @@ class Eagle3Config:
         if unknown:
             raise ValueError(f"Eagle3Config.from_target: unknown overrides {sorted(unknown)}")
         t = target_facts(target_config)
-        values = dict(
+        values: dict[str, Any] = dict(
             hidden_size=t.hidden_size,
             num_attention_heads=t.num_attention_heads,
             num_key_value_heads=t.num_key_value_heads,
@@ -247,7 +248,8 @@ class Eagle3Config:
 
 
 def _rope_problems(scaling: dict | None) -> list[str]:
-    rope_type = (scaling or {}).get("rope_type", "default")
+    params = scaling or {}
+    rope_type = params.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         return [
             f"rope_scaling type {rope_type!r} is not implemented here "
@@ -257,24 +259,25 @@ def _rope_problems(scaling: dict | None) -> list[str]:
     return [
         f"rope_scaling ({rope_type}) has no `{key}`; add it (the target's config names it)"
         for key in ROPE_REQUIRED_KEYS.get(rope_type, ())
-        if scaling.get(key) is None
+        if params.get(key) is None
     ]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> Tensor:
     """Inverse frequencies of rotary embeddings (fp32), with the Llama scaling variants."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-    rope_type = (scaling or {}).get("rope_type", "default")
+    params = scaling or {}
+    rope_type = params.get("rope_type", "default")
     if rope_type == "linear":
-        inv_freq = inv_freq / scaling["factor"]
+        inv_freq = inv_freq / params["factor"]
     elif rope_type == "llama3":
-        factor, old_len = scaling["factor"], scaling["original_max_position_embeddings"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        factor, old_len = params["factor"], params["original_max_position_embeddings"]
+        low, high = params["low_freq_factor"], params["high_freq_factor"]
         wavelen = 2 * math.pi / inv_freq
         smooth = ((old_len / wavelen - low) / (high - low)).clamp(0, 1)
         inv_freq = (1 - smooth) * inv_freq / factor + smooth * inv_freq
     elif rope_type == "yarn":
-        inv_freq = _yarn_inv_freq(head_dim, theta, scaling)
+        inv_freq = _yarn_inv_freq(head_dim, theta, params)
     return inv_freq
 
 
@@ -332,18 +335,47 @@ def rope_magnitude(scaling: dict | None) -> float:
     `attention_factor` key verbatim, ignores `attn_factor`, and falls back to g(1) when mscale or
     mscale_all_dim is 0.
     """
-    if (scaling or {}).get("rope_type") != "yarn":
+    params = scaling or {}
+    if params.get("rope_type") != "yarn":
         return 1.0
     factor, mscale, mscale_all_dim = (
-        scaling["factor"],
-        scaling.get("mscale"),
-        scaling.get("mscale_all_dim"),
+        params["factor"],
+        params.get("mscale"),
+        params.get("mscale_all_dim"),
     )
     if mscale is not None and mscale_all_dim is not None:
         magnitude = _yarn_get_mscale(factor, mscale) / _yarn_get_mscale(factor, mscale_all_dim)
     else:
         magnitude = _yarn_get_mscale(factor, 1.0)
-    return magnitude * scaling.get("attn_factor", 1)
+    return magnitude * params.get("attn_factor", 1)
+
+
+# SGLang reads yarn's mscale / mscale_all_dim from this release on (earlier: always g(1)).
+YARN_MSCALE_KEYS_FROM = (0, 5, 16)
+
+
+def rope_serving_problem(
+    scaling: dict | None, sglang_version: tuple[int, ...] | None
+) -> str | None:
+    """Why SGLang would rotate q and k differently from training, or None.
+
+    Before 0.5.16 SGLang ignores yarn's mscale / mscale_all_dim (see `rope_magnitude`): where they
+    change the magnitude, a drafter trained with them is served with another one. Unless the
+    serving version is known to read them (`sglang_version`), that is refused before training."""
+    if scaling is None or scaling.get("rope_type") != "yarn":
+        return None
+    old = {k: v for k, v in scaling.items() if k not in ("mscale", "mscale_all_dim")}
+    trained, served_old = rope_magnitude(scaling), rope_magnitude(old)
+    if math.isclose(trained, served_old, rel_tol=1e-6):
+        return None
+    if sglang_version is not None and sglang_version >= YARN_MSCALE_KEYS_FROM:
+        return None
+    return (
+        f"yarn with mscale {scaling.get('mscale')} / mscale_all_dim "
+        f"{scaling.get('mscale_all_dim')} scales cos/sin by {trained:.4f}, but SGLang before "
+        f"0.5.16 serves {served_old:.4f} (it ignores those keys): name the serving SGLang "
+        f"version (0.5.16 or later), or train with plain RoPE (rope: plain)"
+    )
 
 
 class Rope(NamedTuple):
@@ -527,6 +559,9 @@ class DraftStep(NamedTuple):
 
 class Eagle3Drafter(nn.Module):
     """The draft model. Parameter and buffer names are the exported checkpoint's key names."""
+
+    d2t: Tensor  # buffers, registered in __init__
+    t2d: Tensor
 
     def __init__(self, cfg: Eagle3Config):
         super().__init__()

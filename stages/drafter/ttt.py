@@ -1,6 +1,6 @@
 """Training-time test: unroll the draft as serving runs it, and score each step.
 
-Alignment (REFERENCE.md section 3): at prefix position i, step k reads the embedding of token
+Alignment (docs/serving.md, section 3): at prefix position i, step k reads the embedding of token
 i + 1 + k and learns the target's distribution at position i + 1 + k, which predicts token
 i + 2 + k. Inputs, targets and the loss mask shift together by the step; a (position, step) pair
 is scored only if token i + 2 + k exists, lies inside the sample and is supervised. The loss also

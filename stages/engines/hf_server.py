@@ -1,8 +1,8 @@
 """SGLang's HTTP contract served by the in-process HF engine, on a real local port.
 
 `/generate` (input_ids in, output_ids and meta_info out), `/health`, `/model_info` and `/metrics`
-behave as SGLang's do (REFERENCE.md section 1), so the sglang engine, the launcher and the monitor
-are tested against real sockets without a GPU; `python -m stages.engines.hf_server` takes
+behave as SGLang's do (docs/serving.md, section 1), so the sglang engine, the launcher and the
+monitor are tested against real sockets without a GPU; `python -m stages.engines.hf_server` takes
 launch_server's flags, so it can stand in for SGLang in a launch. Requests that arrive together are
 generated as one HFEngine batch. Fault knobs (dropped connections, 503s, aborts, replies without
 output_ids) make the failures the client must survive happen on purpose.

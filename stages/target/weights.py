@@ -9,12 +9,15 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+# Plain causal LMs, then multimodal wrappers (Kimi-K2.5 nests its DeepSeek-V3 language model
+# under `language_model.`).
 EMBED_KEYS = (
     "model.embed_tokens.weight",
     "model.language_model.embed_tokens.weight",
+    "language_model.model.embed_tokens.weight",
     "embed_tokens.weight",
 )
-HEAD_KEYS = ("lm_head.weight", "model.lm_head.weight")
+HEAD_KEYS = ("lm_head.weight", "model.lm_head.weight", "language_model.lm_head.weight")
 
 
 def _key_files(path: Path) -> dict[str, Path]:

@@ -1,6 +1,6 @@
 """The drafter against an independent reference of the forward the serving engines run.
 
-`ServingReference` is written from REFERENCE.md section 3 alone, in the way an engine executes
+`ServingReference` is written from docs/serving.md section 3 alone, in the way an engine executes
 it: it reads config.json and model.safetensors of an exported checkpoint, keeps a list of cached
 keys/values, and lets each new token attend to every cached entry up to itself. The prefix is
 one extend over the target's features; each chain step appends one token at the next position.

@@ -15,7 +15,13 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from stages.drafter.export import config_from_json, export_drafter, load_drafter, serving_config
+from stages.drafter.export import (
+    ExportError,
+    config_from_json,
+    export_drafter,
+    load_drafter,
+    serving_config,
+)
 from stages.drafter.model import (
     Eagle3Config,
     Eagle3Drafter,
@@ -23,6 +29,7 @@ from stages.drafter.model import (
     apply_rope,
     rope_inv_freq,
     rope_magnitude,
+    rope_serving_problem,
 )
 
 from .conftest import HIDDEN, tiny_target_config
@@ -297,6 +304,30 @@ def test_yarn_rope_round_trips_through_config_json(tmp_path):
     inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](served)
     drafter = Eagle3Drafter(cfg)
     assert torch.equal(drafter.inv_freq, inv_freq) and drafter.rope_magnitude == factor == 1.0
-    out = export_drafter(drafter, cfg, tmp_path / "yarn", target, {})
+    with pytest.raises(ExportError, match="SGLang before 0.5.16 serves 1.4159"):
+        export_drafter(drafter, cfg, tmp_path / "old", target, {})
+    out = export_drafter(drafter, cfg, tmp_path / "yarn", target, {}, sglang_version="0.5.16")
     loaded, loaded_cfg = load_drafter(out)
     assert loaded_cfg == cfg and torch.equal(loaded.inv_freq, drafter.inv_freq)
+
+
+@pytest.mark.parametrize(
+    "scaling, version, refused",
+    [
+        (KIMI_YARN, None, True),  # 1.0 trained, 1.416 on SGLang <= 0.5.15
+        (KIMI_YARN, (0, 5, 15), True),
+        (KIMI_YARN, (0, 5, 16), False),
+        (KIMI_YARN, (0, 5, 23), False),
+        (
+            {k: v for k, v in KIMI_YARN.items() if k not in ("mscale", "mscale_all_dim")},
+            None,
+            False,
+        ),
+        (None, None, False),
+    ],
+)
+def test_a_magnitude_old_sglang_would_serve_differently_is_refused(scaling, version, refused):
+    problem = rope_serving_problem(scaling, version)
+    assert (problem is not None) == refused
+    if refused:
+        assert "1.0000" in problem and "1.4159" in problem and "0.5.16" in problem

@@ -4,7 +4,7 @@
     python -m tests.perf.bench_train [--shape llama-3.1-8b|tiny] [--device auto|cpu|cuda]
         [--batches 1x2048 4x2048] [--ttt-steps 7] [--tf32] [--profile]
 
-Reference (DESIGN.md, SpecForge on one H200 at Llama-3.1-8B shapes): 19,300 tokens/s at batch 1,
+Reference (SpecForge on one H200 at Llama-3.1-8B shapes): 19,300 tokens/s at batch 1,
 26,100 at batch 4; the goal is 1.5x that. The inputs are what the training loop gives the step:
 a float32 drafter, float32 target embedding and LM head, collated features (bf16 as stored on
 GPU, float32 on CPU), bf16 autocast on GPU. `labels ms` times the target's soft labels alone
