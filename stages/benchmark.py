@@ -220,6 +220,8 @@ def serving(
 ) -> Iterator[str]:
     """The url of a running server: the one given, or one started now and stopped after."""
     if launch is None:
+        if url is None:
+            raise StageError("benchmark.sglang: give the server's url, or launch it from params")
         yield url.rstrip("/")
         return
     server = start_launched(launch, command, "benchmark.sglang.launch")
@@ -239,19 +241,20 @@ def served_benchmark(
     """Every prompt set at every temperature on the speculative server, then on the base one
     (never both at once, so a launched pair does not share the GPUs)."""
     s = b.sglang
-    if s.launch is None and not (s.spec_url and s.base_url):
-        raise StageError(
-            "benchmark.sglang: mode sglang needs spec_url and base_url (the target "
-            "served with the drafter and without) or launch (start both from params)"
-        )
     if s.launch is not None and (s.spec_url or s.base_url):
         raise StageError("benchmark.sglang: give either launch or spec_url and base_url, not both")
-    for role, url in (("spec", s.spec_url), ("base", s.base_url)):
-        if s.launch is None and not is_healthy(url.rstrip("/")):
+    if s.launch is None:
+        if not (s.spec_url and s.base_url):
             raise StageError(
-                f"benchmark.sglang.{role}_url: {url}/health does not answer 200; "
-                f"start that server, or let benchmark.sglang.launch start it"
+                "benchmark.sglang: mode sglang needs spec_url and base_url (the target "
+                "served with the drafter and without) or launch (start both from params)"
             )
+        for role, given in (("spec", s.spec_url), ("base", s.base_url)):
+            if not is_healthy(given.rstrip("/")):
+                raise StageError(
+                    f"benchmark.sglang.{role}_url: {given}/health does not answer 200; "
+                    f"start that server, or let benchmark.sglang.launch start it"
+                )
     commands = launch_commands(
         s.launch or config.SGLangLaunchParams(), target, drafter_dir, b.num_steps
     )

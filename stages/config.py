@@ -218,7 +218,7 @@ class BenchmarkParams:
 def _check(value: Any, tp: Any, key: str) -> Any:
     """Validate (and build, for nested dataclasses) one value against its annotation."""
     origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build(tp, value, key)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -234,7 +234,7 @@ def _check(value: Any, tp: Any, key: str) -> Any:
         if not isinstance(value, dict):
             raise ParamsError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
         args = typing.get_args(tp)
-        if args and dataclasses.is_dataclass(args[1]):
+        if args and isinstance(args[1], type) and dataclasses.is_dataclass(args[1]):
             return {k: build(args[1], v, f"{key}.{k}") for k, v in value.items()}
         return value
     if origin is list or tp is list:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -118,7 +119,7 @@ def generate_dataset(
     budget_tokens: int,
     target: config.TargetParams,
     engine=None,
-    others: list[Backlog] = (),
+    others: Sequence[Backlog] = (),
 ) -> dict:
     tokenizer = target_tokenizer(target)
     roles = target_roles(target, tokenizer)

@@ -132,7 +132,7 @@ def metrics(answers: dict, prep_reports: dict[str, dict], failures: list[str]) -
             "turns_per_sample",
             "budget_used",
         ):
-            row = next((r for r in answers[q] if r["dataset"] == name), {})
+            row: dict = next((r for r in answers[q] if r["dataset"] == name), {})
             entry.update({k: _plain(v) for k, v in row.items() if k != "dataset"})
         for r in answers["length_distribution"]:
             if r["dataset"] == name:

@@ -64,7 +64,8 @@ def shard_rows(
     """
     owner = {(r["split"], r["sample_id"]): k for k in wanted for r in plan[k]}
     splits = list(dict.fromkeys(r["split"] for k in wanted for r in plan[k]))
-    current, rows = None, []
+    current = -1  # the shard `rows` belong to; set before a row is kept
+    rows: list[dict] = []
     for split in splits:
         for row in merged.iter_rows(
             merged.split_path(merged_dir, split), ["sample_id", "input_ids", "loss_spans"]

@@ -55,7 +55,7 @@ def read_raw(directory: Path) -> pa.Table:
         return RAW_SCHEMA.empty_table()
     table = pa.concat_tables(pq.read_table(f, schema=RAW_SCHEMA) for f in files)
     keys = zip(table.column("sample_id").to_pylist(), table.column("turn").to_pylist())
-    first = {}
+    first: dict[tuple[str, int], int] = {}  # (sample id, turn) -> its first row
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     if len(first) == table.num_rows:
@@ -63,10 +63,17 @@ def read_raw(directory: Path) -> pa.Table:
     return table.take(sorted(first.values()))
 
 
+def _part_number(path: Path) -> int:
+    match = _PART.search(path.name)
+    if match is None:  # parts() lists only names that match
+        raise ValueError(f"{path}: not a raw part (part-NNNNN.parquet)")
+    return int(match.group(1))
+
+
 def append_part(directory: Path, table: pa.Table) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     existing = parts(directory)
-    index = int(_PART.search(existing[-1].name).group(1)) + 1 if existing else 0
+    index = _part_number(existing[-1]) + 1 if existing else 0
     path = directory / f"part-{index:05d}.parquet"
     write_parquet(table.cast(RAW_SCHEMA), path)
     return path

@@ -86,8 +86,11 @@ class BuildConfig:
 
 def _rendered(conversation: Conversation) -> str:
     """The conversation as the chat template renders it, before any tokenizer exists."""
-    texts, _ = render_jinja_template(
-        [conversation.messages], tools=conversation.tools, chat_template=CHAT_TEMPLATE
+    # transformers annotates render_jinja_template as returning str: it returns (texts, indices)
+    texts, _ = render_jinja_template(  # type: ignore[str-unpack]
+        [conversation.messages],
+        tools=conversation.tools,  # type: ignore[arg-type]  # a list[dict] is a valid tools list
+        chat_template=CHAT_TEMPLATE,
     )
     return texts[0]
 
@@ -192,7 +195,8 @@ def batches(
 ):
     """Endless shuffled batches of similar-length samples, each at most `batch_tokens` padded."""
     order = sorted(range(len(samples)), key=lambda i: len(samples[i][0]))
-    groups, group = [], []
+    groups: list[list[int]] = []
+    group: list[int] = []
     for i in order:
         if group and (len(group) + 1) * len(samples[i][0]) > batch_tokens:
             groups.append(group)
@@ -232,7 +236,10 @@ def train(
     """Plain AdamW on the reply tokens; returns the final loss and the throughput (padded tokens
     processed, the compute actually spent)."""
     generator = torch.Generator().manual_seed(config.seed)
-    stream = batches(samples, config.batch_tokens, model.config.pad_token_id, generator)
+    pad_id = model.config.pad_token_id
+    if pad_id is None:  # build_model sets the tokenizer's
+        raise ValueError("the demo target's config has no pad_token_id")
+    stream = batches(samples, config.batch_tokens, pad_id, generator)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95), weight_decay=0.01
     )
@@ -394,7 +401,8 @@ def build(out: Path, config: BuildConfig = BuildConfig()) -> dict:
             f"{len(too_long)} corpus conversations exceed max_positions="
             f"{config.max_positions} (first: #{too_long[0]}); raise max_positions"
         )
-    model = build_model(tokenizer, config).to(config.device)
+    # transformers types its @wraps'd PreTrainedModel.to as taking `self` first
+    model = build_model(tokenizer, config).to(config.device)  # type: ignore[arg-type]
     info = {"seed": config.seed, "steps": config.steps, **train(model, samples, config)}
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -412,7 +420,8 @@ def build(out: Path, config: BuildConfig = BuildConfig()) -> dict:
 
 def save(model: LlamaForCausalLM, tokenizer, directory: Path, config: BuildConfig) -> None:
     """A standard Hugging Face directory: weights in `config.dtype`, tokenizer with its template."""
-    model.to("cpu", getattr(torch, config.dtype))
+    # transformers types its @wraps'd PreTrainedModel.to as taking `self` first
+    model.to("cpu", getattr(torch, config.dtype))  # type: ignore[arg-type]
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -433,7 +442,7 @@ def measure_saved(directory: Path, config: BuildConfig) -> dict:
         "vocab_size": len(tokenizer),
         "config": asdict(config),
         "demo": measure(
-            model.to(config.device),
+            model.to(config.device),  # type: ignore[arg-type]  # HF's @wraps'd .to: stub wants self
             tokenizer,
             demo_conversations(config.demo_prompts),
             config.max_new_tokens,

@@ -19,9 +19,15 @@ import random
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-T = TypeVar("T")
+
+class _Drawn(Protocol):
+    @property
+    def request(self) -> str: ...
+
+
+T = TypeVar("T", bound=_Drawn)
 
 KINDS = ("function_calling", "code", "chat")
 SPLITS = ("train", "demo")
@@ -577,7 +583,7 @@ def function_calling(
         if split == "demo"
         else rng.choice((GLAIVE_SYSTEM, GLAIVE_SYSTEM, GLAIVE_SYSTEM, GENERIC_SYSTEMS[0], None))
     )
-    messages = [{"role": "system", "content": system}] if system else []
+    messages: list[dict] = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": scenario.request})
     call_id = _tool_call_id(rng, split, scenario.function)
     call = {
@@ -1346,7 +1352,11 @@ def without_thinking(conversation: Conversation) -> Conversation:
 
 
 KIND_SHARES = {"function_calling": 0.45, "code": 0.25, "chat": 0.3}
-GENERATORS = {"function_calling": function_calling, "code": code, "chat": chat}
+GENERATORS: dict[str, Callable[[random.Random, str], Conversation]] = {
+    "function_calling": function_calling,
+    "code": code,
+    "chat": chat,
+}
 
 
 def training_corpus(size: int, seed: int) -> list[Conversation]:

@@ -31,6 +31,8 @@ GLAIVE_TURN_SEPARATOR = "\n\n\n"
 def glaive_row(conversation: Conversation) -> dict:
     """Glaive function-calling v2 raw: `system` with pretty-printed function definitions, `chat`
     with USER / ASSISTANT / FUNCTION RESPONSE turns and single-quoted call arguments."""
+    if conversation.tools is None:
+        raise ValueError(f"a {conversation.kind} conversation has no tools to define")
     definitions = "\n\n".join(json.dumps(t["function"], indent=4) for t in conversation.tools)
     turns = []
     for message in conversation.messages:

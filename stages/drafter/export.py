@@ -72,7 +72,9 @@ def expected_tensors(cfg: Eagle3Config) -> dict[str, tuple[tuple[int, ...], torc
         "norm.weight": (H,),
         "lm_head.weight": (cfg.draft_vocab_size, H),
     }
-    tensors = {key: (shape, None) for key, shape in floats.items()}
+    tensors: dict[str, tuple[tuple[int, ...], torch.dtype | None]] = {
+        key: (shape, None) for key, shape in floats.items()
+    }
     tensors["d2t"] = ((cfg.draft_vocab_size,), torch.int64)
     tensors["t2d"] = ((cfg.vocab_size,), torch.bool)
     return tensors

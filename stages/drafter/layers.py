@@ -35,7 +35,7 @@ order, so indices must be ascending, and lie in 1..N-1.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 Ids = list | None  # ids as written in a config (None: none written)
@@ -177,6 +177,8 @@ def _first_capturing(rows: list[Convention]) -> str:
 def _captured(row: Convention, layer_ids: Ids, num_layers: int) -> list[int]:
     if not layer_ids:
         return [2, num_layers // 2, num_layers - 3]
+    if row.rule.captured is None:  # the callers pass only rows that capture
+        raise ValueError(f"{row.versions}: {row.rule.text}")
     return row.rule.captured([int(i) for i in layer_ids])
 
 
@@ -218,7 +220,7 @@ def _vllm_convention() -> Convention:
     return row
 
 
-def _listing(by_version: dict[str, object]) -> str:
+def _listing(by_version: Mapping[str, object]) -> str:
     return "; ".join(f"{versions}: {value}" for versions, value in by_version.items())
 
 
@@ -254,7 +256,10 @@ def serving_layer_ids(
     rows = sglang_conventions(architecture, sglang_version)
     sglang = _ids_serving(rows, hf_indices, n)
     if sglang is not None:
-        return {"sglang": sglang, "vllm": _ids_serving([_vllm_convention()], hf_indices, n)}
+        vllm = _ids_serving([_vllm_convention()], hf_indices, n)
+        if vllm is None:  # vLLM captures the ids as written, and the indices are all >= 1
+            raise ValueError(f"{architecture}: no vLLM layer ids capture {hf_indices}")
+        return {"sglang": sglang, "vllm": vllm}
     needs = "; ".join(
         f"{row.versions} needs ids {ids}"
         if ids is not None

@@ -154,8 +154,16 @@ def speculative_generate(
     greedy output. `drafter` is an Eagle3Drafter (used with `embed`) or any Proposer."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    proposer = drafter if hasattr(drafter, "propose") else Eagle3Proposer(drafter, embed)
-    aux_indices = list(drafter.cfg.aux_layer_ids if aux_indices is None else aux_indices)
+    proposer: Proposer
+    if isinstance(drafter, Eagle3Drafter):
+        if embed is None:
+            raise ValueError("an Eagle3Drafter drafts from `embed`, the target's token embedding")
+        proposer = Eagle3Proposer(drafter, embed)
+        aux_indices = list(drafter.cfg.aux_layer_ids if aux_indices is None else aux_indices)
+    elif aux_indices is None:
+        raise ValueError("a Proposer reads the target features at `aux_indices`; pass them")
+    else:
+        proposer, aux_indices = drafter, list(aux_indices)
     stop = set(stop_ids)
     device = next(target.parameters()).device
     ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).flatten()

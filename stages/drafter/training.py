@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 from torch import nn
@@ -26,8 +27,20 @@ from .model import Eagle3Drafter
 from .ttt import TTTMetrics, ttt_forward
 
 
+class LoopState(TypedDict):
+    """Where training stands; saved with each checkpoint, so a resumed run continues there."""
+
+    step: int
+    epoch: int
+    cursor: int  # position in this epoch's shuffled sample order
+    best_replayed_tau: float
+
+
 class Objective(nn.Module):
     """Drafter + the frozen target tensors it needs; forward(batch) -> (loss, metrics)."""
+
+    embed: torch.Tensor  # buffers, registered in __init__
+    lm_head: torch.Tensor
 
     def __init__(
         self,
@@ -237,7 +250,7 @@ def train(
         opt, lambda step: lr_factor(step, s.warmup_steps, s.total_steps, s.min_lr_ratio)
     )
     autocast = autocast_for(device)
-    state = {"step": 0, "epoch": 0, "cursor": 0, "best_replayed_tau": -1.0}
+    state: LoopState = {"step": 0, "epoch": 0, "cursor": 0, "best_replayed_tau": -1.0}
     history = History()
     last = checkpoint_dir / "last.pt"
     if last.exists():

@@ -58,14 +58,16 @@ def soft_labels(
     """
     vocab = drafter.cfg.vocab_size
     is_logits = last_or_logits.shape[-1] == vocab and target_lm_head is None
-    if not is_logits and (target_lm_head is None or target_lm_head.shape[0] != vocab):
-        raise ValueError(
-            f"soft_labels: got a last dimension of {last_or_logits.shape[-1]}; pass "
-            f"target logits over the full vocabulary ({vocab}) or the final hidden "
-            f"state together with the target's lm_head weight [{vocab}, H]"
-        )
+    head: Tensor | None = None
+    if not is_logits:
+        if target_lm_head is None or target_lm_head.shape[0] != vocab:
+            raise ValueError(
+                f"soft_labels: got a last dimension of {last_or_logits.shape[-1]}; pass "
+                f"target logits over the full vocabulary ({vocab}) or the final hidden "
+                f"state together with the target's lm_head weight [{vocab}, H]"
+            )
+        head = target_lm_head.to(last_or_logits.dtype).T
     draft_ids = drafter.draft_ids()
-    head = None if is_logits else target_lm_head.to(last_or_logits.dtype).T
     parts = []
     with torch.autocast(last_or_logits.device.type, enabled=False):
         for sample in last_or_logits:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import torch
 import transformers
@@ -41,7 +42,7 @@ from .hf import HFEngine
 from .sglang_bench import ALGORITHM
 
 # Sampling values this server honours; the others must be absent, null or neutral.
-SAMPLING_DEFAULTS = {
+SAMPLING_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 128,
     "temperature": 1.0,
     "top_p": 1.0,
@@ -82,17 +83,23 @@ class Faults:
 class Speculative:
     """EAGLE-3 chain drafting (topk 1) in front of the served target, one request at a time."""
 
-    target: nn.Module
+    target: transformers.PreTrainedModel
     drafter: Eagle3Drafter
     num_steps: int
     draft_model_path: str = ""
 
     def decode(self, prompt: list[int], sampling: Sampling) -> SpecResult:
         generator = torch.Generator().manual_seed(sampling.seed)
+        embed = self.target.get_input_embeddings()
+        if not isinstance(embed, nn.Embedding):
+            raise ValueError(
+                f"the target's input embedding is a {type(embed).__name__}, not an "
+                f"nn.Embedding the drafter can look its tokens up in"
+            )
         return speculative_generate(
             self.target,
             self.drafter,
-            self.target.get_input_embeddings(),
+            embed,
             prompt,
             sampling.max_new_tokens,
             self.num_steps,
@@ -102,7 +109,9 @@ class Speculative:
         )
 
 
-def load_speculative(draft_model_path: str, num_steps: int, target: nn.Module) -> Speculative:
+def load_speculative(
+    draft_model_path: str, num_steps: int, target: transformers.PreTrainedModel
+) -> Speculative:
     """The exported drafter at `draft_model_path`, checked against the target it will serve."""
     drafter, cfg = load_drafter(draft_model_path)
     facts = target_facts(target.config)
@@ -207,7 +216,7 @@ def reply(job: _Job, done: Completion, omit_output_ids: bool = False) -> dict:
             "status_code": 400,
             "err_type": "BadRequest",
         }
-    out = {
+    out: dict[str, Any] = {
         "output_ids": ids,
         "meta_info": {
             "id": job.rid,
@@ -283,7 +292,11 @@ class HFServer:
 
     @property
     def context_length(self) -> int:
-        return self._context_length or self.engine.context
+        if self._context_length:
+            return self._context_length
+        if self.engine is None:  # callers ask once the engine is loaded (or check first)
+            raise RuntimeError("hf_server: no context length before the engine is loaded")
+        return self.engine.context
 
     def start(self) -> HFServer:
         serve = functools.partial(self._httpd.serve_forever, poll_interval=0.05)  # fast stop
@@ -390,7 +403,7 @@ class HFServer:
     def server_info(self) -> dict:
         """The resolved launch settings, as SGLang's /server_info, and this server's version."""
         spec = self.speculative
-        flags = {
+        flags: dict[str, object] = {
             "speculative_algorithm": None,
             "speculative_draft_model_path": None,
             "speculative_num_steps": None,
@@ -463,6 +476,8 @@ class HFServer:
     def _decode(self, sampling: Sampling, group: list[_Job]) -> Iterator[tuple[_Job, Completion]]:
         """Each job with its completion: one HF batch, or one speculative decode per job."""
         if self.speculative is None:
+            if self.engine is None:  # jobs are admitted only once the server is ready
+                raise RuntimeError("hf_server: a batch to decode before the engine is loaded")
             by_rid = {job.rid: job for job in group}
             for done in self.engine.generate([(j.rid, j.prompt) for j in group], sampling):
                 yield by_rid[done.sample_id], done

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import hashlib
 import json
 import random
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from typing import NamedTuple
 
 import aiohttp
@@ -31,7 +32,13 @@ from . import STALLED, Completion, EngineError, Request, Sampling
 # sglang_router answers when its own queue is full or timed out, so they mean "later" too.
 RETRY_STATUS = frozenset({408, 429})
 JSON_HEADERS = {"Content-Type": "application/json"}
-_END = object()  # the request stream is exhausted
+
+
+class _End(enum.Enum):
+    END = "end"  # the request stream is exhausted
+
+
+_END = _End.END
 
 
 class SGLangError(EngineError):
@@ -184,7 +191,9 @@ class SGLangEngine:
         finally:
             replies.close()
 
-    def replies(self, requests: Iterable[Request | None], sampling: Sampling) -> Iterator[Reply]:
+    def replies(
+        self, requests: Iterable[Request | None], sampling: Sampling
+    ) -> Generator[Reply, None, None]:
         """As `generate`, each completion with the meta_info its server sent."""
         loop = asyncio.new_event_loop()
         session = loop.run_until_complete(self._open_session())

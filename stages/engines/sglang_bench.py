@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -32,7 +33,7 @@ SPECULATIVE_FIELDS = (
 )
 
 
-def speculative_args(drafter_dir: str, num_steps: int) -> list[str]:
+def speculative_args(drafter_dir: str | Path, num_steps: int) -> list[str]:
     """launch_server flags that put the drafter in front of the target: a chain (topk 1) of
     `num_steps` drafts, verified with the target's own next token."""
     return [
@@ -208,9 +209,10 @@ def acceptance(run: ServerRun) -> Acceptance:
             continue
         verify += meta["spec_verify_ct"]
         histograms.append(meta.get("spec_accept_histogram"))
+    lists = [h for h in histograms if isinstance(h, list)]
     histogram = None
-    if histograms and all(isinstance(h, list) for h in histograms):
-        histogram = [sum(c) for c in itertools.zip_longest(*histograms, fillvalue=0)]
+    if histograms and len(lists) == len(histograms):
+        histogram = [sum(c) for c in itertools.zip_longest(*lists, fillvalue=0)]
     return Acceptance(len(run.replies), run.completion_tokens, verify, histogram)
 
 

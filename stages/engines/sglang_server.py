@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -34,7 +34,7 @@ class ServerError(EngineError):
 def launch_command(
     model_path: str,
     server_args: dict,
-    extra_args: list[str] = (),
+    extra_args: Sequence[str] = (),
     *,
     trust_remote_code: bool = False,
     module: str = "sglang.launch_server",

@@ -39,14 +39,6 @@ class Sample:
     last: dict | None = None  # the last turn: prompt_ids, output_ids, finish_reason
     stopped_at_limit: bool = False
 
-    def has_unsent(self) -> bool:
-        """Whether a request is ready or a sample was never sent; nothing to send with nothing in
-        flight means the dataset is done (a resumed run then needs no engine at all)."""
-        return bool(self.ready) or any(
-            s.turns == 0 and self._request_id(s) not in self.in_flight
-            for s in self.samples.values()
-        )
-
     @property
     def planned_turns(self) -> int:
         return 1 + len(self.row.get("turn_deltas") or [])
@@ -80,8 +72,8 @@ class TurnQueue:
         """A (request id, prompt ids) to send, or None while nothing is ready."""
         if self.ready:
             sample, prompt = self.ready.popleft()
-        elif (sample := next(self.fresh, None)) is not None:
-            prompt = sample.row["prompt_ids"]
+        elif (fresh := next(self.fresh, None)) is not None:
+            sample, prompt = fresh, fresh.row["prompt_ids"]
         else:
             return None
         request_id = self._request_id(sample)
@@ -132,18 +124,23 @@ class TurnQueue:
 
     def _queue_next(self, sample: Sample) -> None:
         last = sample.last
-        if (
-            not self.settings.all_turns
-            or sample.turns >= sample.planned_turns
-            or last["finish_reason"] == "abort"
-            or not last["output_ids"]
-        ):
+        if not self.settings.all_turns or sample.turns >= sample.planned_turns:
             return
+        if last is None:  # queued only once a turn is back or stored
+            raise ValueError(f"sample {sample.row['sample_id']}: no turn to continue from")
+        if last["finish_reason"] == "abort" or not last["output_ids"]:
+            return
+        end_of_turn = self.roles.end_of_turn
+        if end_of_turn is None:
+            raise ValueError(
+                "regenerate: all_turns closes each turn with the end-of-turn token, and the "
+                "tokenizer has none: name it in the token roles (end_of_turn)"
+            )
         prompt = next_turn_prompt(
             last["prompt_ids"],
             last["output_ids"],
             sample.row["turn_deltas"][sample.turns - 1],
-            self.roles.end_of_turn,
+            end_of_turn,
         )
         limit = self.settings.max_prompt_tokens
         if limit is not None and len(prompt) > limit:

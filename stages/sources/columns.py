@@ -57,10 +57,12 @@ class ColumnMapping:
             turns.system(system)
         if self.messages is not None:
             add_messages(turns, require(record, self.messages, (list, str)), self.messages)
-        else:
+        elif self.prompt is not None:
             turns.user(require(record, self.prompt, str))
             if (response := _optional(record, self.response, str)) is not None:
                 turns.assistant(response)
+        else:  # __post_init__ lets no mapping through without one of them
+            raise ValueError("a column mapping needs exactly one of 'prompt' or 'messages'")
         tools = tools_list(_optional(record, self.tools, list, str), self.tools or "tools")
         source_id = row_id(record) if self.id is None else id_text(record, self.id)
         return Conversation(source_id, turns.build(), tools)

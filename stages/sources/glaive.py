@@ -63,7 +63,8 @@ def split_system(system: str) -> tuple[str, list[dict] | None]:
 
 def _json_objects(text: str, where: str) -> list[dict]:
     """The JSON objects in `text`, separated by whitespace or commas."""
-    decoder, objects, pos = json.JSONDecoder(), [], 0
+    decoder, pos = json.JSONDecoder(), 0
+    objects: list[dict] = []
     while (pos := _skip_separators(text, pos)) < len(text):
         try:
             value, pos = decoder.raw_decode(text, pos)

@@ -8,12 +8,13 @@ what is wrong with it.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TextIO
+from typing import Any, TextIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,7 +45,7 @@ class RowError(ValueError):
 class Row:
     number: int  # 1-based: the line of a JSON Lines file, else the row's index + 1
     unit: str  # "line" or "row", for messages
-    record: dict
+    record: Any  # the row as read (any JSON value); read_rows yields only objects (dicts)
 
 
 def read_rows(
@@ -62,6 +63,7 @@ def read_rows(
     if not path.is_file():
         raise SourceError(path, None, "no such file; check the dataset path")
     name = path.name.lower()
+    rows: Iterator[Row | SourceError]
     if name.endswith(".parquet"):
         rows = _parquet_rows(path)
     elif name.endswith((".json", ".json.gz")) and _first_char(path) == "[":
@@ -92,7 +94,7 @@ def _objects_only(
             yield row
 
 
-def _open_binary(path: Path) -> BinaryIO:
+def _open_binary(path: Path) -> io.BufferedIOBase:
     return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
 
 

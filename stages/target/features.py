@@ -67,7 +67,8 @@ class FeatureExtractor:
 
 def length_batches(rows: list[dict], batch_tokens: int) -> list[list[dict]]:
     """Rows sorted by length, grouped so padded batch size stays under batch_tokens."""
-    batches, current = [], []
+    batches: list[list[dict]] = []
+    current: list[dict] = []
     for row in sorted(rows, key=lambda r: len(r["input_ids"])):
         if current and len(row["input_ids"]) * (len(current) + 1) > batch_tokens:
             batches.append(current)
@@ -96,36 +97,6 @@ class FeatureBuffers:
         aux, last = self.sets[self.turn]
         self.turn ^= 1
         return aux[:tokens], last[:tokens]
-
-
-def extract_shard(
-    extractor: FeatureExtractor,
-    rows: list[dict],
-    batch_tokens: int,
-    buffers: FeatureBuffers,
-    device: torch.device,
-) -> dict[str, torch.Tensor]:
-    lengths = [len(r["input_ids"]) for r in rows]
-    starts = dict(
-        zip((r["sample_id"] for r in rows), torch.tensor([0] + lengths).cumsum(0).tolist())
-    )
-    aux_out, last_out = buffers.take(sum(lengths))
-    for batch in length_batches(rows, batch_tokens):
-        width = max(len(r["input_ids"]) for r in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, r in enumerate(batch):
-            ids[b, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-            mask[b, : len(r["input_ids"])] = 1
-        aux, last = extractor(ids.to(device), mask.to(device))
-        for b, r in enumerate(batch):
-            start, n = starts[r["sample_id"]], len(r["input_ids"])
-            aux_out[start : start + n].copy_(aux[b, :n], non_blocking=True)
-            last_out[start : start + n].copy_(last[b, :n], non_blocking=True)
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()  # the copies have landed
-    input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
-    return {"aux": aux_out, "last": last_out, "input_ids": input_ids}
 
 
 def capture_shard(

@@ -36,4 +36,4 @@ def load_causal_lm(
         trust_remote_code=trust_remote_code,
         local_files_only=True,
     )
-    return model.to(dev).eval()
+    return model.to(dev).eval()  # type: ignore[arg-type]  # HF's @wraps'd .to: stub wants self

@@ -153,13 +153,15 @@ class ChatTemplate:
                 f"its generation prompt ends with {self._text(prompt[at:])}, but it begins an "
                 f"assistant turn with {self._text(replied[at : len(prompt)])}"
             )
-        reply = replied[len(prompt) :]
-        if self.roles.end_of_turn not in reply:
+        reply, end_of_turn = replied[len(prompt) :], self.roles.end_of_turn
+        if end_of_turn is None:  # __init__ requires one when all turns are regenerated
+            raise self._not_concatenated("the tokenizer has no end-of-turn token")
+        if end_of_turn not in reply:
             raise self._not_concatenated(
                 f"it ends an assistant turn with {self._text(reply[-4:])}, not with the "
-                f"end-of-turn token {self._text([self.roles.end_of_turn])}"
+                f"end-of-turn token {self._text([end_of_turn])}"
             )
-        return len(prompt) + last_index(reply, self.roles.end_of_turn)
+        return len(prompt) + last_index(reply, end_of_turn)
 
     def _not_concatenated(self, detail: str) -> TemplateError:
         return TemplateError(
