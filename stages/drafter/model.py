@@ -464,6 +464,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        # "auto": fused flex attention on a GPU for a whole prefix, the reference elsewhere;
+        # "reference" / "flex" force one (benchmarks compare them; tests check they agree).
+        self.impl = "auto"
 
     def forward(
         self, x: Tensor, rope: Rope, kv: DraftKV | None, key_mask: Tensor | None
@@ -486,12 +489,17 @@ class Attention(nn.Module):
             positions = kv.query_index + kv.chain_length + 1
             kv = kv.with_chain(apply_rope(k, positions, rope), v)
         q = apply_rope(q, positions, rope)
-        out = attend(q, kv)
+        use_flex = self.impl == "flex" or (self.impl == "auto" and x.is_cuda and Q > 1)
+        out = attend_flex(q, kv) if use_flex else attend(q, kv)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1)), kv
 
 
 def attend(q: Tensor, kv: DraftKV) -> Tensor:
-    """Softmax attention of q [B, heads, Q, d] over the causal prefix plus each query's chain."""
+    """Softmax attention of q [B, heads, Q, d] over the causal prefix plus each query's chain.
+
+    The reference: plain einsums over the full Q x T score matrix, softmax in fp32. Memory grows
+    with Q x T (16 GiB of fp32 scores at 64 heads and 8192 positions); `attend_flex` computes the
+    same without materialising it."""
     B, H, Q, d = q.shape
     kv_heads, T = kv.prefix_k.shape[1], kv.prefix_k.shape[2]
     qg = q.view(B, kv_heads, H // kv_heads, Q, d)
@@ -511,6 +519,54 @@ def attend(q: Tensor, kv: DraftKV) -> Tensor:
         chain_v = torch.stack(kv.chain_v, dim=-2)
         out = out + torch.einsum("bhgqc,bhqcd->bhgqd", probs[..., T:], chain_v)
     return out.reshape(B, H, Q, d)
+
+
+def attend_flex(q: Tensor, kv: DraftKV) -> Tensor:
+    """`attend` through flex attention: the prefix and every chain step's keys in one sequence
+    [prefix (T) ; chain 1 (Q) ; ... ; chain C (Q)], with a block mask that lets query q see the
+    prefix up to its position (padding hidden, itself always) and entry q of each chain. Blocks
+    the mask empties are skipped, so the chain costs C diagonal blocks per row of blocks, not
+    C x T. Compiled into one fused kernel on a GPU; plain (materialised) on the CPU, where it
+    serves to check it against the reference."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, H, Q, d = q.shape
+    T = kv.prefix_k.shape[2]
+    keys = torch.cat([kv.prefix_k, *kv.chain_k], dim=2)
+    values = torch.cat([kv.prefix_v, *kv.chain_v], dim=2)
+    query_index, key_mask = kv.query_index, kv.key_mask
+
+    def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        position = query_index[q_idx]
+        prefix = (kv_idx <= position) & key_mask[b, kv_idx.clamp(max=T - 1)]
+        prefix = (prefix | (kv_idx == position)) & (kv_idx < T)
+        chain = (kv_idx >= T) & ((kv_idx - T) % Q == q_idx)
+        return prefix | chain
+
+    block_mask = create_block_mask(
+        visible, B, None, Q, keys.shape[2], device=str(q.device), _compile=q.is_cuda
+    )
+    out = _flex_attention(q.is_cuda)(q, keys, values, block_mask=block_mask, enable_gqa=True)
+    return out  # type: ignore[return-value]  # a Tensor unless return_lse is asked for
+
+
+_COMPILED_FLEX: list = []
+
+
+def _flex_attention(compiled: bool):
+    """flex_attention, compiled once per process on a GPU (the fused kernel), eager on the CPU."""
+    import warnings
+
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention
+    if not _COMPILED_FLEX:
+        # dynamic: one kernel for every prefix length and chain length (static shapes would
+        # recompile per batch length and TTT step, and fall back to the unfused form at the limit)
+        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=True))
+    return _COMPILED_FLEX[0]
 
 
 class MLP(nn.Module):

@@ -49,6 +49,20 @@ SHAPES = {
             "original_max_position_embeddings": 8192,
         },
     ),
+    # Kimi-K2.5's widths as a Llama config: what the draft layer is built from (the draft of an
+    # MLA target has head_dim 128 and as many kv heads as heads; the target's vocabulary).
+    "kimi-k2.5": dict(
+        hidden_size=7168,
+        num_attention_heads=64,
+        num_key_value_heads=64,
+        head_dim=128,
+        intermediate_size=18432,
+        vocab_size=163840,
+        num_hidden_layers=61,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=262144,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+    ),
     "tiny": dict(
         hidden_size=64,
         num_attention_heads=4,

@@ -1,8 +1,13 @@
 """How fast the EAGLE-3 training step runs: `Objective` forward (training-time test over
 `ttt_steps`), backward, gradient clipping and the AdamW step, on random features of a target shape.
 
-    python -m tests.perf.bench_train [--shape llama-3.1-8b|tiny] [--device auto|cpu|cuda]
-        [--batches 1x2048 4x2048] [--ttt-steps 7] [--tf32] [--profile]
+    python -m tests.perf.bench_train [--shape llama-3.1-8b|kimi-k2.5|tiny] [--device auto|cpu|cuda]
+        [--batches 1x2048 4x2048] [--ttt-steps 7] [--attention auto reference flex] [--check]
+        [--tf32] [--profile] [--json-out F]
+
+`--attention` times each attention implementation in turn (auto: flex on a GPU); `--check`
+first compares loss and gradients of flex against the reference on one fresh random batch per
+shape and prints the largest relative difference. A shape that does not fit prints OOM.
 
 Reference (SpecForge on one H200 at Llama-3.1-8B shapes): 19,300 tokens/s at batch 1,
 26,100 at batch 4; the goal is 1.5x that. The inputs are what the training loop gives the step:
@@ -14,6 +19,7 @@ GPU, float32 on CPU), bf16 autocast on GPU. `labels ms` times the target's soft 
 from __future__ import annotations
 
 import argparse
+import json
 
 import torch
 
@@ -32,7 +38,7 @@ from tests.perf.bench_extract import (
     target_config,
 )
 
-DRAFT_VOCAB = {"llama-3.1-8b": 32000, "tiny": 128}
+DRAFT_VOCAB = {"llama-3.1-8b": 32000, "kimi-k2.5": 32000, "tiny": 128}
 
 
 def build_objective(shape: str, ttt_steps: int, decay: float, device: torch.device) -> Objective:
@@ -89,6 +95,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="after timing, print the kernels of one step by device time",
     )
+    parser.add_argument(
+        "--attention", nargs="+", default=["auto"], choices=["auto", "reference", "flex"]
+    )
+    parser.add_argument("--check", action="store_true", help="flex vs reference: loss, grads")
+    parser.add_argument("--json-out", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
 
     device = resolve_device(args.device)
@@ -110,43 +121,93 @@ def main(argv: list[str] | None = None) -> None:
         f"draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
         f"median of {args.repeat} after {args.warmup} warm-up steps"
     )
-    columns = [
-        "batch",
-        "length",
-        "tokens/s",
-        "ms/step",
-        "labels ms",
-        "peak GiB",
-        "device",
-        "dtype",
-        "ttt_steps",
-    ]
-    rows = []
+    columns = ["batch", "length", "attention", "tokens/s", "ms/step", "labels ms", "peak GiB"]
+    columns += ["device", "dtype", "ttt_steps"]
+    rows, records = [], []
     for batch_size, length in args.batches:
         batch = random_batch(drafter.cfg, batch_size, length, device)
-        reset_peak_memory(device)
-        seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
-        peak = peak_memory_gib(device)
-        labels = median_seconds(
-            lambda: soft_labels(batch["last"], drafter, objective.lm_head), device, 1, args.repeat
-        )
-        rows.append(
-            [
-                str(batch_size),
-                str(length),
-                f"{batch_size * length / seconds:,.0f}",
-                f"{1e3 * seconds:.1f}",
-                f"{1e3 * labels:.1f}",
-                f"{peak:.2f}",
-                device.type,
-                dtype,
-                str(args.ttt_steps),
-            ]
-        )
-        if args.profile:
-            print_profile(lambda: step(batch), device)
+        if args.check:
+            try:
+                check = compare_attention(objective, batch)
+            except torch.OutOfMemoryError:
+                objective.drafter.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                check = "OOM (the reference does not fit)"
+            print(f"{batch_size}x{length} flex vs reference: {check}")
+        for impl in args.attention:
+            drafter.midlayer.self_attn.impl = impl
+            record = {"batch": batch_size, "length": length, "attention": impl}
+            try:
+                reset_peak_memory(device)
+                seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
+                peak = peak_memory_gib(device)
+                labels = median_seconds(
+                    lambda: soft_labels(batch["last"], drafter, objective.lm_head),
+                    device,
+                    1,
+                    args.repeat,
+                )
+            except torch.OutOfMemoryError:
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                rows.append([str(batch_size), str(length), impl, "OOM", "", "", "", device.type])
+                rows[-1] += [dtype, str(args.ttt_steps)]
+                records.append({**record, "oom": True})
+                continue
+            record |= {
+                "tokens_per_s": round(batch_size * length / seconds, 1),
+                "ms_per_step": round(1e3 * seconds, 2),
+                "peak_gib": round(peak, 2),
+            }
+            records.append(record)
+            rows.append(
+                [
+                    str(batch_size),
+                    str(length),
+                    impl,
+                    f"{batch_size * length / seconds:,.0f}",
+                    f"{1e3 * seconds:.1f}",
+                    f"{1e3 * labels:.1f}",
+                    f"{peak:.2f}",
+                    device.type,
+                    dtype,
+                    str(args.ttt_steps),
+                ]
+            )
+            if args.profile:
+                print_profile(lambda: step(batch), device)
         del batch
     print_table(columns, rows)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"shape": args.shape, "device": str(device), "rows": records}, f, indent=1)
+
+
+def compare_attention(objective: Objective, batch: dict[str, torch.Tensor]) -> str:
+    """Loss and gradients of one forward/backward with each implementation, same weights and
+    batch: the largest relative difference of the loss and of any parameter's gradient."""
+    attn = objective.drafter.midlayer.self_attn
+    autocast = autocast_for(batch["aux"].device)
+    results = {}
+    for impl in ("reference", "flex"):
+        attn.impl = impl
+        objective.drafter.zero_grad(set_to_none=True)
+        with autocast():
+            loss, _ = objective(batch)
+        loss.backward()
+        grads = {
+            n: p.grad.float().clone()
+            for n, p in objective.drafter.named_parameters()
+            if p.grad is not None
+        }
+        results[impl] = (loss.detach().float(), grads)
+    objective.drafter.zero_grad(set_to_none=True)
+    (ref_loss, ref), (flex_loss, flex) = results["reference"], results["flex"]
+    loss_diff = ((flex_loss - ref_loss).abs() / ref_loss.abs()).item()
+    grad_diff = max(
+        ((flex[n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in ref.items()
+    )
+    return f"loss rel diff {loss_diff:.2e}, largest grad rel diff (norm) {grad_diff:.2e}"
 
 
 if __name__ == "__main__":

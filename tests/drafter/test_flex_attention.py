@@ -1,0 +1,62 @@
+"""The fused attention path (flex attention, what a GPU runs) against the reference einsums,
+on the CPU at small shapes: the same outputs for the prefix, every chain length, padding and
+grouped kv heads, and the same training-time-test loss through the whole drafter. (Flex has
+no backward on the CPU: the gradients are compared on a GPU by
+`python -m tests.perf.bench_train --check`.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from stages.drafter.model import DraftKV, attend, attend_flex
+from stages.drafter.ttt import ttt_forward
+
+from .conftest import HIDDEN, make_drafter, tiny_target_config
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (8, 1)])
+@pytest.mark.parametrize("chain", [0, 1, 3, 7])
+def test_flex_equals_the_reference(heads, kv_heads, chain):
+    g = torch.Generator().manual_seed(heads * 10 + chain)
+    B, T, d = 2, 45, 16
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g)
+
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[1, 31:] = False  # right padding in the second sample
+    kv = DraftKV(
+        rand(B, kv_heads, T, d),
+        rand(B, kv_heads, T, d),
+        mask,
+        torch.arange(T),
+        [rand(B, kv_heads, T, d) for _ in range(chain)],
+        [rand(B, kv_heads, T, d) for _ in range(chain)],
+    )
+    q = rand(B, heads, T, d)
+    torch.testing.assert_close(attend_flex(q, kv), attend(q, kv), rtol=1e-5, atol=1e-5)
+
+
+def test_the_training_time_test_loss_is_the_same_with_either_path():
+    target = tiny_target_config()
+    drafter = make_drafter(target)
+    g = torch.Generator().manual_seed(3)
+    B, T = 2, 33
+    aux = torch.randn(B, T, 3 * HIDDEN, generator=g)
+    last = torch.randn(B, T, HIDDEN, generator=g)
+    ids = torch.randint(target.vocab_size, (B, T), generator=g)
+    attention = torch.ones(B, T, dtype=torch.bool)
+    attention[0, 25:] = False
+    embed = torch.randn(target.vocab_size, HIDDEN, generator=g)
+    head = torch.randn(target.vocab_size, HIDDEN, generator=g)
+    losses = {}
+    for impl in ("reference", "flex"):
+        drafter.midlayer.self_attn.impl = impl
+        with torch.no_grad():
+            loss, metrics = ttt_forward(
+                drafter, embed, aux, last, ids, attention, attention, 5, 0.8, head
+            )
+        losses[impl] = (loss, metrics.accuracy)
+    torch.testing.assert_close(losses["flex"][0], losses["reference"][0], rtol=1e-5, atol=1e-6)
+    assert losses["flex"][1] == losses["reference"][1]
