@@ -546,8 +546,7 @@ def attend_flex(q: Tensor, kv: DraftKV) -> Tensor:
     block_mask = create_block_mask(
         visible, B, None, Q, keys.shape[2], device=str(q.device), _compile=q.is_cuda
     )
-    out = _flex_attention(q.is_cuda)(q, keys, values, block_mask=block_mask, enable_gqa=True)
-    return out  # type: ignore[return-value]  # a Tensor unless return_lse is asked for
+    return _flex_attention(q.is_cuda)(q, keys, values, block_mask=block_mask, enable_gqa=True)
 
 
 _COMPILED_FLEX: list = []
