@@ -36,7 +36,7 @@ from stages.engines.sglang_server import is_healthy
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
 from stages.wiring import target_roles, target_tokenizer
-from tests.conftest import STORIES
+from tests.conftest import STORIES, STORIES_REL
 from tests.engines.conftest import client, free_port
 
 TEMPLATE = Path(__file__).parent / "fixtures" / "stories_chat_template.jinja"
@@ -225,6 +225,9 @@ def in_process(model, drafter_dir, prompts, target, tokenizer) -> dict:
     return benchmark.benchmark(model, drafter.eval(), prompts, b, stop_ids)["temperatures"]["0.0"]
 
 
+@pytest.mark.shared(STORIES_REL)
+@pytest.mark.integration
+@pytest.mark.slow
 def test_served_tau_is_the_in_process_count_with_the_prefill_token(
     tmp_path, target, eval_file, drafter_dir, servers, in_process
 ):
@@ -275,6 +278,9 @@ def test_served_tau_is_the_in_process_count_with_the_prefill_token(
     assert len(plot) == 1 + len(OPENINGS) * NUM_STEPS
 
 
+@pytest.mark.shared(STORIES_REL)
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_server_without_speculation_is_refused_with_the_reason(
     tmp_path, target, eval_file, drafter_dir, servers, prompts
 ):
@@ -312,6 +318,9 @@ def test_a_server_without_speculation_is_refused_with_the_reason(
         acceptance(run)
 
 
+@pytest.mark.shared(STORIES_REL)
+@pytest.mark.slow
+@pytest.mark.integration
 def test_launch_mode_starts_both_servers_in_turn(
     tmp_path, target, eval_file, drafter_dir, in_process
 ):
@@ -356,6 +365,9 @@ def test_launch_mode_starts_both_servers_in_turn(
     assert greedy["outputs_equal_baseline"] == sum(map(len, OPENINGS.values()))
 
 
+@pytest.mark.shared(STORIES_REL)
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_request_the_server_refuses_fails_the_measurement(servers):
     spec, _ = servers
     too_long = [("tales/0", [5] * 500)]  # 500 + 40 new tokens: over stories260K's 512
@@ -382,6 +394,7 @@ def test_a_request_the_server_refuses_fails_the_measurement(servers):
         ),
     ],
 )
+@pytest.mark.shared(STORIES_REL)
 def test_server_params_are_checked_before_anything_runs(target, drafter_dir, sglang, message):
     b = BenchmarkParams(mode="sglang", sglang=BenchmarkSGLangParams(**sglang))
     with pytest.raises(StageError, match=message):
@@ -482,6 +495,9 @@ def test_hf_server_refuses_speculative_flags_it_would_misrun(flags, message, cap
     assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.shared(STORIES_REL)
+@pytest.mark.integration
+@pytest.mark.slow
 def test_server_facts_read_server_info(servers):
     spec, _ = servers
     facts = server_facts(spec.url)

@@ -425,6 +425,7 @@ def test_source_adapters_read_back_the_demo_prompts(prompt_files):
 @pytest.mark.skipif(
     not (COMMITTED_TARGET / "model.safetensors").exists(), reason="data/demo/target is not built"
 )
+@pytest.mark.slow
 def test_committed_target_reasons_then_answers_or_calls_a_tool():
     tokenizer = AutoTokenizer.from_pretrained(COMMITTED_TARGET)
     model = AutoModelForCausalLM.from_pretrained(COMMITTED_TARGET, dtype=torch.float32)

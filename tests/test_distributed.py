@@ -22,9 +22,14 @@ from safetensors.torch import save_file
 
 from stages.drafter.vocab import build_draft_vocab
 from stages.runtime.parallel import NCCL_ENV
-from tests.conftest import ROOT, STORIES
+from tests.conftest import ROOT, STORIES, STORIES_REL
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.shared(STORIES_REL),
+]
 RECORDER = Path(__file__).parent / "dist_fixtures" / "record_writes.py"
 WORLD = 2
 VOCAB = 512  # stories260K's vocabulary, all of it in the draft vocabulary

@@ -19,7 +19,9 @@ from stages.drafter.vocab import build_draft_vocab
 from stages.extract import extract
 from stages.target.model import load_causal_lm
 from stages.target.weights import embedding_and_head
-from tests.conftest import STORIES
+from tests.conftest import STORIES, STORIES_REL
+
+pytestmark = pytest.mark.shared(STORIES_REL)
 
 TARGET = config.TargetParams(path=str(STORIES))
 LAYERS = [1, 2, 3]

@@ -10,7 +10,9 @@ from stages.engines import Sampling
 from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
 from stages.target.model import load_causal_lm
-from tests.conftest import STORIES
+from tests.conftest import STORIES, STORIES_REL
+
+pytestmark = pytest.mark.shared(STORIES_REL)
 
 TARGET = config.TargetParams(
     path=str(STORIES), chat_template="tests/fixtures/stories_chat_template.jinja"

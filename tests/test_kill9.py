@@ -26,7 +26,7 @@ import yaml
 
 from stages.artifacts.raw import parts, read_raw
 from stages.runtime.io import remove_stale_temps, temp_path
-from tests.conftest import ROOT
+from tests.conftest import ROOT, STORIES_REL
 from tests.test_distributed import (
     stage,
     stage_env,
@@ -139,6 +139,9 @@ def generate_args(tmp: Path, run: str) -> list:
     ]
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.shared(STORIES_REL)
 def test_generate_killed_then_rerun(work, prompts):  # noqa: F811
     (work / "prompts").mkdir(exist_ok=True)
     shutil.copyfile(prompts, work / "prompts" / "d.parquet")
@@ -174,6 +177,9 @@ def extract_args(tmp: Path, out: str) -> list:
     ]
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.shared(STORIES_REL)
 def test_extract_killed_then_rerun(work):
     ref, out = work / "hidden-1", work / "hidden-killed"
     shards = sorted(p.name for p in ref.glob("shard-*.safetensors"))
@@ -193,6 +199,9 @@ def test_extract_killed_then_rerun(work):
         assert (out / name).read_bytes() == (ref / name).read_bytes(), name
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.shared(STORIES_REL)
 def test_train_killed_then_rerun(work):
     stage("stages.train", train_args(work, "ref"), work)
     checkpoints = work / "checkpoints-killed"

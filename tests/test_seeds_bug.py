@@ -20,6 +20,8 @@ from stages.target.tokenizer import pad_id, render_prompt
 from stages.wiring import target_roles, target_tokenizer
 from tests.stage_runner import run_stage
 
+pytestmark = pytest.mark.slow  # 512-token generations of the demo target, twice
+
 PROMPTS = [
     "Write a Python function that reverses a string.",
     "Explain how a hash map works.",

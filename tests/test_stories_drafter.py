@@ -8,10 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHARED, STORIES
+from tests.conftest import SHARED, STORIES, STORIES_REL
 from tests.project import copy_project, ran_stages, sh
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.slow,
+    pytest.mark.integration,
+    pytest.mark.shared(STORIES_REL, "data/sharegpt/dummy_conversation.json"),
+]
 TEMPLATE = Path(__file__).parent / "fixtures" / "stories_chat_template.jinja"
 
 

@@ -14,6 +14,8 @@ from stages.engines import sglang_server
 from stages.engines.sglang import SGLangError
 from tests.engines.conftest import free_port
 
+# every test runs the stage against a real local server that decodes with the target
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HF = GenerateParams(engine="hf", batch_size=4, max_new_tokens=12, append_every=2)
 FAST_RETRIES = dict(concurrency=3, backoff_s=0.001, backoff_max_s=0.01)
 

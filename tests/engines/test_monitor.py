@@ -75,6 +75,7 @@ def test_the_budget_bounds_the_eta_and_no_rate_means_no_eta():
     assert "eta 0:00:00  run eta 0:00:00" in done.line()
 
 
+@pytest.mark.integration
 def test_server_metrics_join_the_line_and_servers_without_them_are_dropped(serve):
     server = serve()
     live = GenerationMonitor("a", 1, 0, 10, 0, metrics_urls=[server.url, f"{server.url}/nope"])

@@ -25,6 +25,8 @@ def by_id(completions):
     return {c.sample_id: c for c in completions}
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_same_tokens_as_the_in_process_engine(serve, hf_engine, prompts, stop_ids, reference):
     # a stop token the model does emit, so both finish reasons are exercised
     first = reference[prompts[0][0]].output_ids
@@ -38,6 +40,8 @@ def test_same_tokens_as_the_in_process_engine(serve, hf_engine, prompts, stop_id
     assert stopped.finish_reason == "stop" and stopped.output_ids[-1] == first[3]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_every_sampling_value_is_sent(serve, prompts):
     server = serve()
     sampling = Sampling(
@@ -65,6 +69,8 @@ def test_every_sampling_value_is_sent(serve, prompts):
     assert sample_seed(3, "a") == sample_seed(3, "a") != sample_seed(3, "b") != sample_seed(4, "b")
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_503s_and_dropped_connections_are_retried(serve, prompts, stop_ids, reference):
     server = serve()
     server.faults.unavailable, server.faults.drop_connections = 3, 2
@@ -79,6 +85,8 @@ def test_503s_and_dropped_connections_are_retried(serve, prompts, stop_ids, refe
     assert retried and all(r.rsplit("#", 1)[1] in {"1", "2", "3", "4"} for r in retried)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_retries_run_out_with_the_server_named(serve, prompts, stop_ids):
     server = serve()
     server.faults.unavailable = 1000
@@ -90,6 +98,8 @@ def test_retries_run_out_with_the_server_named(serve, prompts, stop_ids):
         list(client(server.url, max_retries=2).generate(prompts[:1], Sampling(**GREEDY)))
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_400_is_recorded_as_abort_and_not_retried(serve, model, prompts, stop_ids, reference):
     server = serve()
     too_long = ("t/long", [1] * model.config.max_position_embeddings)
@@ -106,6 +116,8 @@ def test_a_400_is_recorded_as_abort_and_not_retried(serve, model, prompts, stop_
         assert got[sid].output_ids == reference[sid].output_ids
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_an_abort_reply_is_recorded_with_its_message(serve, prompts):
     server = serve()
     server.faults.abort = 1
@@ -114,6 +126,8 @@ def test_an_abort_reply_is_recorded_with_its_message(serve, prompts):
     assert got[0].error == f"{server.url}: Aborted by request"
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_reply_without_output_ids_fails_and_says_what_to_change(serve, prompts):
     server = serve()
     server.faults.omit_output_ids = True
@@ -135,6 +149,8 @@ def test_a_trimmed_stop_token_is_refused():
         parse_reply({"output_ids": [], "meta_info": {"finish_reason": "cancelled"}}, "s", "u", 0)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_requests_are_pulled_only_when_a_slot_is_free(serve, prompts):
     server = serve()
     pulled = []
@@ -153,6 +169,8 @@ def test_requests_are_pulled_only_when_a_slot_is_free(serve, prompts):
     assert len(pulled) == 3
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_several_servers_share_the_work_and_a_dead_one_is_routed_around(
     serve, prompts, stop_ids, reference
 ):
@@ -188,6 +206,8 @@ def waiting_stream(prompts, got):
 
 
 @pytest.mark.parametrize("engine", ["sglang", "hf"])
+@pytest.mark.integration
+@pytest.mark.slow
 def test_a_stream_that_waits_on_replies(serve, hf_engine, prompts, stop_ids, reference, engine):
     picked = prompts[:3]
     engine = client(serve().url) if engine == "sglang" else hf_engine

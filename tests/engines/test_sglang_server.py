@@ -99,6 +99,7 @@ def test_launch_command_from_params():
     ]
 
 
+@pytest.mark.integration
 def test_health_wait_rides_out_503_until_ready(serve):
     server = serve()
     server.ready.clear()
@@ -106,6 +107,7 @@ def test_health_wait_rides_out_503_until_ready(serve):
     assert wait_healthy(server.url, timeout_s=10, poll_s=0.05) >= 0.3
 
 
+@pytest.mark.integration
 def test_health_wait_gives_up_at_the_timeout(serve):
     server = serve()
     server.ready.clear()
@@ -113,6 +115,7 @@ def test_health_wait_gives_up_at_the_timeout(serve):
         wait_healthy(server.url, timeout_s=0.2, poll_s=0.05)
 
 
+@pytest.mark.integration
 def test_a_server_that_dies_is_reported_with_its_log_and_nccl_env(tmp_path):
     crash = (
         "import os; print('NVLS', os.environ['NCCL_NVLS_ENABLE'], "
@@ -142,6 +145,8 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.integration
+@pytest.mark.slow
 def test_ctrl_c_or_sigterm_of_the_run_stops_the_server(sig):
     port = free_port()
     run = f"""

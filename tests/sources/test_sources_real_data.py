@@ -1,14 +1,14 @@
 """The adapters on the real public sample files in ../shared/data (read in place)."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from stages.sources import prompt_messages, read_conversations
+from tests.conftest import SHARED
 
-DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
-pytestmark = pytest.mark.skipif(not DATA.is_dir(), reason=f"{DATA} (shared sample data) is absent")
+DATA = SHARED / "data"
+pytestmark = pytest.mark.shared("data")
 
 
 def read_all(relative, format):
