@@ -3,7 +3,9 @@
 Reads params `target`, `generate` and `datasets.<name>.generate`. Output data/raw/<name>/ persists
 across runs: turns already generated under the same fingerprint (model, template, sampling,
 regenerate mode) are skipped and conversations continue where they stopped; a changed
-fingerprint starts the dataset over. Writes reports/generate/<name>.json.
+fingerprint starts the dataset over. With `regenerate: all_turns_rendered` each later turn's
+prompt is rendered by the chat template from the conversation so far (target/history.py).
+Writes reports/generate/<name>.json.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from .artifacts.raw import RAW_SCHEMA, append_part, compact, last_turns, read_ra
 from .cli import PathOpt, StageError, params_key, run
 from .engines import Completion, Sampling
 from .engines.monitor import Backlog, GenerationMonitor, run_backlog
-from .engines.turns import TurnQueue
+from .engines.turns import Output, RenderPrompt, TurnQueue
 from .runtime.io import remove_stale_temps, write_json
+from .target.history import HistoryRenderer
 from .target.tokenizer import pad_id
 from .target.tokens import TokenRoles, analyze_output
 from .wiring import target_fingerprint, target_roles, target_tokenizer
@@ -90,6 +93,18 @@ def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def history_renderer(renderer: HistoryRenderer) -> RenderPrompt:
+    """The turn queue's callback for all_turns_rendered: a prompts row's message segments and
+    tools (JSON columns) and the turns so far -> the next turn's rendered prompt."""
+
+    def render(row: dict, outputs: list[Output]) -> list[int]:
+        segments = [json.loads(s) for s in row["turn_messages"][: len(outputs) + 1]]
+        tools = json.loads(row["tools"]) if row["tools"] else None
+        return renderer.prompt(segments, tools, outputs)
+
+    return render
+
+
 def completion_row(
     prompt: dict, done: Completion, roles: TokenRoles, engine: str, fp: str, tokenizer
 ) -> dict:
@@ -139,8 +154,15 @@ def generate_dataset(
     wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
     existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
     used = pc.sum(existing.column("completion_tokens")).as_py() or 0
+    render = None
+    if settings.rendered:
+        render = history_renderer(HistoryRenderer(tokenizer, roles, target.template_kwargs))
     queue = TurnQueue(
-        prompts.to_pylist(), last_turns(existing, settings.all_turns), settings, roles
+        prompts.to_pylist(),
+        last_turns(existing, settings.every_turn, settings.rendered),
+        settings,
+        roles,
+        render,
     )
     state = dict(tokens=used, new=0)
 

@@ -2,9 +2,11 @@
 
 Reads params `merge`. One training sequence per sample: `input_ids` are its last usable turn's
 prompt and output (which hold every turn before it, id for id) and `loss_spans` the [start, end)
-of each turn's output, the positions trained on. Dedupes prompts across datasets, splits eval by
-a seeded hash and shuffles deterministically. DuckDB streams the Parquet files; nothing goes
-through Python lists.
+of each turn's output, the positions trained on. Turns generated with `regenerate:
+all_turns_rendered` (the raw rows' `regenerate`) are one sequence each, `<sample_id>#<turn>`:
+their prompt is the template's rendering, not the sequence before them. Dedupes prompts across
+datasets, splits eval by a seeded hash of the sample (all its sequences on one side) and shuffles
+deterministically. DuckDB streams the Parquet files; nothing goes through Python lists.
 """
 
 from __future__ import annotations
@@ -18,7 +20,16 @@ from .cli import PathOpt, StageError, run
 from .queries import open_samples, rows, sql
 from .runtime.io import atomic_path, write_json
 
-COUNTS = ("samples", "duplicates", "tokens", "supervised_tokens", "turns", "truncated", "shortened")
+COUNTS = (
+    "samples",  # training sequences
+    "conversations",  # the samples of generate they come from
+    "duplicates",
+    "tokens",
+    "supervised_tokens",
+    "turns",
+    "truncated",
+    "shortened",
+)
 
 
 def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> dict:

@@ -2,7 +2,9 @@
 
 Reads params `target`, `datasets.<name>.prep` and `datasets.<name>.expect.reasoning` (every
 generation prompt must end as it promises, target/template.py). With `regenerate: all_turns` each
-conversation also gets the ids the template adds between its turns. Writes
+conversation also gets the ids the template adds between its turns (the template checked to
+render a conversation as its turns concatenated); with `all_turns_rendered`, the source messages
+before each turn, from which generate renders the later prompts. Writes
 data/prompts/<name>.parquet and reports/prep/<name>.json (rows read, malformed, duplicate, too
 long, kept, turns).
 """
@@ -50,10 +52,10 @@ def template_params(dataset: str, where: str = "") -> Iterator[None]:
         ) from None
 
 
-def turn_messages(messages: list[dict], all_turns: bool) -> list[tuple[int, int]]:
+def turn_messages(messages: list[dict], every_turn: bool) -> list[tuple[int, int]]:
     """The (start, end) of the messages before each turn the target writes: every turn, or the
     last one alone."""
-    return turn_bounds(messages) if all_turns else [(0, len(prompt_messages(messages)))]
+    return turn_bounds(messages) if every_turn else [(0, len(prompt_messages(messages)))]
 
 
 def prepare(
@@ -66,7 +68,7 @@ def prepare(
 ) -> dict:
     tokenizer = target_tokenizer(target)
     roles = target_roles(target, tokenizer)
-    all_turns = prep.regenerate == "all_turns"
+    settings = PromptSettings(prep.regenerate, prep.max_prompt_tokens)
     with template_params(name):
         template = ChatTemplate(
             tokenizer,
@@ -74,7 +76,7 @@ def prepare(
             target.template_kwargs,
             target.chat_template or f"the chat template of {target.path}",
             expect.reasoning,
-            all_turns,
+            prep.regenerate,
         )
     counts = dict(rows=0, malformed=0, duplicate=0, too_long=0, sampled_out=0, kept=0, turns=0)
     seen: set[str] = set()
@@ -96,7 +98,7 @@ def prepare(
         counts["rows"] += 1
         sample_id = f"{name}/{conv.source_id}"
         try:
-            bounds = turn_messages(conv.messages, all_turns)
+            bounds = turn_messages(conv.messages, settings.every_turn)
         except ValueError as err:
             bad = SourceError(prep.path, None, f"{sample_id}: {err}")
             if not prep.skip_bad_rows:
@@ -112,8 +114,9 @@ def prepare(
         if sample_id in ids_seen:  # a source id reused for different content: keep both, apart
             sample_id = f"{sample_id}~{key[:8]}"
         ids_seen.add(sample_id)
+        segments = [conv.messages[a:b] for a, b in bounds]
         with template_params(name, f"sample {sample_id} of {prep.path}"):
-            plan = template.plan([conv.messages[a:b] for a, b in bounds], conv.tools)
+            plan = template.plan(segments, conv.tools)
         ids = plan.prompt_ids
         if len(ids) > prep.max_prompt_tokens:
             counts["too_long"] += 1
@@ -128,6 +131,9 @@ def prepare(
             prompt_len=len(ids),
             reasoning_open=roles.think is not None and ids[-1] == roles.think,
             turn_deltas=plan.deltas,
+            turn_messages=[json.dumps(s, ensure_ascii=False) for s in segments]
+            if settings.rendered
+            else [],
         )
         heapq.heappush(keep, (-rank, sample_id, row))
         if prep.max_samples is not None and len(keep) > prep.max_samples:
@@ -140,8 +146,10 @@ def prepare(
         )
     selected = sorted((row for _, _, row in keep), key=lambda r: r["sample_id"])
     counts["kept"] = len(selected)
-    counts["turns"] = sum(1 + len(row["turn_deltas"]) for row in selected)
-    write_prompts(selected, out, PromptSettings(prep.regenerate, prep.max_prompt_tokens))
+    counts["turns"] = sum(
+        max(1 + len(row["turn_deltas"]), len(row["turn_messages"])) for row in selected
+    )
+    write_prompts(selected, out, settings)
     write_json({"dataset": name, **counts, "malformed_examples": malformed[:5]}, report)
     return counts
 

@@ -232,6 +232,8 @@ def test_merge_gives_one_sequence_with_exactly_the_target_turns_supervised(
     assert {t: n for t, n in enumerate(counts.tolist()) if n} == dict(outputs)
 
 
+@pytest.mark.integration
+@pytest.mark.slow
 def test_the_sglang_engine_is_sent_the_same_turns(reference, prompts, hf_engine, tmp_path):
     out, sent, _ = reference
     server = HFServer(hf_engine, eos_ids=model_eos_ids(hf_engine.model)).start()
@@ -332,6 +334,7 @@ def test_mixed_runs_fail_the_merge(reference, tmp_path):
         merge([tmp_path / "raw"], tmp_path / "m", config.MergeParams(eval_fraction=0.0))
 
 
+@pytest.mark.shared("data/mt_bench/question.jsonl")
 def test_mt_bench_regenerates_both_questions(tmp_path, hf_engine, tok, eot):
     source = SHARED / "data" / "mt_bench" / "question.jsonl"
     questions = {

@@ -61,7 +61,7 @@ def test_datasets_nested_validation(tmp_path):
     with pytest.raises(
         config.ParamsError,
         match=r"datasets.a.prep.regenerate: 'every_turn' is "
-        r"not one of \['last_turn', 'all_turns'\]",
+        r"not one of \['last_turn', 'all_turns', 'all_turns_rendered'\]",
     ):
         config.datasets(p)
 

@@ -7,7 +7,7 @@ import yaml
 from transformers import AutoTokenizer
 
 from stages import prep
-from tests.conftest import ROOT, STORIES
+from tests.conftest import ROOT, STORIES, STORIES_REL
 from tests.project import set_params
 from tests.stage_runner import run_stage
 
@@ -77,6 +77,7 @@ def run_prep(tmp_path, params, monkeypatch, capsys):
     )
 
 
+@pytest.mark.shared(STORIES_REL)
 def test_prompts_are_the_chat_template_ids(tmp_path, monkeypatch, capsys):
     rows = [conversation(i) for i in range(12)]
     rows.append(conversation(99, "Tell a  story about CAT 3"))  # same normalised prompt as c3
@@ -103,6 +104,7 @@ def test_prompts_are_the_chat_template_ids(tmp_path, monkeypatch, capsys):
     assert row["dataset"] == "chat" and row["tools"] is None and row["reasoning_open"] is False
 
 
+@pytest.mark.shared(STORIES_REL)
 def test_max_samples_is_a_seeded_sample(tmp_path, monkeypatch, capsys):
     rows = [conversation(i) for i in range(30)]
     picks = []
@@ -133,6 +135,7 @@ def test_max_samples_is_a_seeded_sample(tmp_path, monkeypatch, capsys):
         ),
     ],
 )
+@pytest.mark.shared(STORIES_REL)
 def test_bad_rows_fail_naming_file_and_row(tmp_path, monkeypatch, capsys, rows, fmt, needle):
     code, _, err = run_prep(
         tmp_path, project(tmp_path, rows, fmt=fmt, jsonl=True), monkeypatch, capsys
@@ -141,6 +144,7 @@ def test_bad_rows_fail_naming_file_and_row(tmp_path, monkeypatch, capsys, rows, 
     assert not any((tmp_path / "prompts").glob("*"))  # nothing, not even a temp file, left
 
 
+@pytest.mark.shared(STORIES_REL)
 def test_skip_bad_rows_counts_them(tmp_path, monkeypatch, capsys):
     rows = [
         json.dumps(conversation(1)),
@@ -169,6 +173,7 @@ def test_bad_params_fail_naming_the_key(tmp_path, monkeypatch, capsys, edit, nee
     assert code == 1 and needle in err, err
 
 
+@pytest.mark.shared(STORIES_REL)
 def test_all_prompts_too_long_is_an_error(tmp_path, monkeypatch, capsys):
     params = project(tmp_path, [conversation(1, "word " * 100)])
     code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
@@ -243,3 +248,50 @@ def test_the_demo_template_opens_reasoning_as_the_demo_expects(
     code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
     assert code == 0, err
     assert pq.read_table(tmp_path / "prompts" / "chat.parquet").to_pylist()[0]["reasoning_open"]
+
+
+KIMI_STYLE = ROOT / "tests" / "fixtures" / "kimi_k25_style.jinja"
+
+
+def two_turns() -> dict:
+    return {
+        "id": "two",
+        "conversations": [
+            {"from": "human", "value": "Explain what causes the seasons."},
+            {"from": "gpt", "value": "-"},
+            {"from": "human", "value": "Explain what inflation is."},
+        ],
+    }
+
+
+@pytest.mark.parametrize("mode", ["all_turns", "all_turns_rendered"])
+def test_a_template_that_drops_earlier_reasoning_needs_the_rendered_mode(
+    tmp_path, monkeypatch, capsys, demo_target, mode
+):
+    target = {"path": str(demo_target), "chat_template": str(KIMI_STYLE)}
+    params = project(
+        tmp_path,
+        [two_turns()],
+        prep_extra={"regenerate": mode, "max_prompt_tokens": 1024},
+        params_extra={"target": target},
+    )
+    set_params(tmp_path, lambda p: p["datasets"]["chat"].update(expect={"reasoning": True}))
+    code, _, err = run_prep(tmp_path, params, monkeypatch, capsys)
+    if mode == "all_turns":  # the concatenated ids would keep reasoning the template drops
+        assert code == 1, err
+        for needle in (
+            "dataset chat: regenerate: all_turns builds",
+            "the first ids that differ",
+            "(regenerate: all_turns_rendered)",
+            "(regenerate: last_turn)",
+            "params: datasets.chat.prep.regenerate, target.chat_template, target.template_kwargs",
+        ):
+            assert needle in err, err
+        return
+    assert code == 0, err
+    (row,) = pq.read_table(tmp_path / "prompts" / "chat.parquet").to_pylist()
+    assert row["turn_deltas"] == [] and len(row["turn_messages"]) == 2
+    assert json.loads(row["turn_messages"][1]) == [
+        {"role": "user", "content": "Explain what inflation is."}
+    ]
+    assert json.loads((tmp_path / "reports" / "chat.json").read_text())["turns"] == 2

@@ -1,8 +1,13 @@
-"""The merged artifact: `<dir>/{train,eval}.parquet`, one training sequence per sample.
+"""The merged artifact: `<dir>/{train,eval}.parquet`, one training sequence per row.
 
-Columns: sample_id, dataset, input_ids (list<int32>: the last usable turn's prompt + output),
-loss_spans (list<list<int32>>: the [start, end) of each of the target's turns, the only positions
-trained on), length, truncated, split. Written by DuckDB (stages/queries/merge.sql).
+Columns: sample_id (unique per row), dataset, input_ids (list<int32>), loss_spans
+(list<list<int32>>: the [start, end) of each of the target's turns in input_ids, the only
+positions trained on), length, truncated, split. Written by DuckDB (stages/queries/merge.sql).
+
+A sample generated with `regenerate: last_turn` or `all_turns` is one row: its generate sample id,
+input_ids its last usable turn's prompt + output (which hold every earlier turn), one span per
+turn. With `all_turns_rendered` each turn is one row, sample_id `<sample id>#<turn>`: input_ids
+that turn's prompt + output, one span (its output); the sample's rows share a split.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The raw-generation artifact: a directory of Parquet parts, appended atomically.
 
-One row per generated turn: `turn` 1 is a sample's first reply (its only one in last_turn mode),
-and turn k+1's prompt holds turn k's prompt and output (stages/turns.py). A generation run
-appends a part every few replies, so a kill loses at most the requests in flight; the rerun
-reads the parts, skips what is done and compacts them into one part when it completes.
+One row per generated turn: `turn` 1 is a sample's first reply (its only one in last_turn mode);
+with `regenerate: all_turns` turn k+1's prompt holds turn k's prompt and output
+(engines/turns.py), with `all_turns_rendered` it is the chat template's rendering of the
+conversation so far (target/history.py). `regenerate` records which, per row, for the merge. A
+generation run appends a part every few replies, so a kill loses at most the requests in flight;
+the rerun reads the parts, skips what is done and compacts them into one part when it completes.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ RAW_SCHEMA = pa.schema(
         ("engine", pa.string()),
         ("fingerprint", pa.string()),
         ("output_text", pa.string()),
+        # the prompts file's mode: last_turn | all_turns | all_turns_rendered (null in raw data
+        # written before the column existed, which knew no rendered turns)
+        ("regenerate", pa.string()),
     ]
 )
 
@@ -89,10 +94,14 @@ def compact(directory: Path, table: pa.Table) -> None:
             p.unlink()
 
 
-def last_turns(table: pa.Table, with_ids: bool) -> dict[str, tuple[int, dict]]:
+def last_turns(
+    table: pa.Table, with_ids: bool, with_outputs: bool = False
+) -> dict[str, tuple[int, dict]]:
     """Per sample id: how many turns are stored (turns are stored in order, each requested only
     after the one before it came back), and the last of them, with its prompt and output ids
-    when a later turn may be built from them."""
+    when a later turn may be built from them (`with_ids`), and with `outputs`, every stored
+    turn's (output ids, reasoning_open) in turn order, when a later turn is rendered from the
+    conversation so far (`with_outputs`)."""
     turns = table.column("turn").to_pylist()
     last: dict[str, int] = {}
     for i, sample_id in enumerate(table.column("sample_id").to_pylist()):
@@ -102,4 +111,13 @@ def last_turns(table: pa.Table, with_ids: bool) -> dict[str, tuple[int, dict]]:
         ["prompt_ids", "output_ids"] if with_ids else []
     )
     rows = table.select(columns).take(pa.array(list(last.values()), pa.int64())).to_pylist()
-    return {r["sample_id"]: (r["turn"], r) for r in rows}
+    found = {r["sample_id"]: (r["turn"], r) for r in rows}
+    if with_outputs:
+        for _, row in found.values():
+            row["outputs"] = []
+        ordered = table.select(["sample_id", "turn", "output_ids", "reasoning_open"]).sort_by(
+            [("sample_id", "ascending"), ("turn", "ascending")]
+        )
+        for r in ordered.to_pylist():
+            found[r["sample_id"]][1]["outputs"].append((r["output_ids"], r["reasoning_open"]))
+    return found

@@ -1,11 +1,17 @@
 """The turns generate asks the engine for: each sample's first turn, and with `regenerate:
-all_turns` every later one, as soon as the turn before it is back.
+all_turns` or `all_turns_rendered` every later one, as soon as the turn before it is back.
 
-Turn k+1's prompt is turn k's prompt, turn k's output ids as generated (with the end-of-turn
-token appended when it stopped without one) and the ids the template adds for the next messages
-(prep's `turn_deltas`). Nothing is decoded and encoded again, so every reply's context is exactly
-the ids the target was given, and each turn's prompt and output are the start of every later
-turn's prompt: the merge stage builds a sample's sequence from its last turn alone.
+all_turns (ids concatenated): turn k+1's prompt is turn k's prompt, turn k's output ids as
+generated (with the end-of-turn token appended when it stopped without one) and the ids the
+template adds for the next messages (prep's `turn_deltas`). Nothing is decoded and encoded again,
+so every reply's context is exactly the ids the target was given, and each turn's prompt and
+output are the start of every later turn's prompt: the merge stage builds a sample's sequence
+from its last turn alone.
+
+all_turns_rendered: turn k+1's prompt is what a chat client and a server would send: the chat
+template's rendering of the conversation so far, the target's earlier replies held as messages
+built from their output ids. The caller's `render` callback builds it (target/history.py), so
+this module needs no tokenizer; each turn is then its own training sequence.
 
 A conversation stops after a failed turn, and before a turn whose prompt would be longer than
 the prompt limit (counted as `stopped_at_prompt_limit`). Later turns go before new samples, so a
@@ -15,11 +21,17 @@ conversation's prefix is still in the server's cache and a kill leaves few conve
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from ..artifacts.prompts import PromptSettings
 from ..target.tokens import TokenRoles
 from . import Completion
+
+# an earlier turn as the renderer needs it: (output ids, whether its prompt opened reasoning)
+Output = tuple[list[int], bool]
+# (prompts row, the sample's turns so far) -> the next turn's prompt ids (all_turns_rendered)
+RenderPrompt = Callable[[dict, list[Output]], list[int]]
 
 
 def next_turn_prompt(
@@ -37,18 +49,22 @@ class Sample:
     row: dict
     turns: int = 0  # turns generated
     last: dict | None = None  # the last turn: prompt_ids, output_ids, finish_reason
+    outputs: list[Output] = field(default_factory=list)  # all_turns_rendered: every turn so far
     stopped_at_limit: bool = False
 
     @property
     def planned_turns(self) -> int:
-        return 1 + len(self.row.get("turn_deltas") or [])
+        deltas, segments = self.row.get("turn_deltas") or [], self.row.get("turn_messages") or []
+        return max(1 + len(deltas), len(segments))
 
 
 class TurnQueue:
     """Hands out the requests that are ready and turns completions into raw rows.
 
     `done` holds, per sample id, the number of turns already stored and the last of them (a
-    resumed run continues every conversation where it stopped).
+    resumed run continues every conversation where it stopped); with all_turns_rendered the last
+    one also holds `outputs`, every stored turn's (output ids, reasoning_open), and `render`
+    builds each later prompt from them.
     """
 
     def __init__(
@@ -57,13 +73,17 @@ class TurnQueue:
         done: dict[str, tuple[int, dict]],
         settings: PromptSettings,
         roles: TokenRoles,
+        render: RenderPrompt | None = None,
     ):
-        self.settings, self.roles = settings, roles
+        if settings.rendered and render is None:
+            raise ValueError("regenerate: all_turns_rendered needs a renderer of later prompts")
+        self.settings, self.roles, self.render = settings, roles, render
         self.samples = {r["sample_id"]: Sample(r) for r in prompts}
         self.ready: deque[tuple[Sample, list[int]]] = deque()  # later turns, before new samples
         for sample_id, (turns, last) in done.items():
             sample = self.samples[sample_id]
             sample.turns, sample.last = turns, last
+            sample.outputs = list(last.get("outputs") or [])
             self._queue_next(sample)
         self.fresh = (s for s in self.samples.values() if s.turns == 0)
         self.in_flight: dict[str, tuple[Sample, list[int]]] = {}
@@ -83,10 +103,13 @@ class TurnQueue:
     def complete(self, done: Completion) -> dict:
         """The prompt columns of the raw row for `done`; queues the sample's next turn."""
         sample, prompt = self.in_flight.pop(done.sample_id)
+        reasoning_open = self.roles.think is not None and prompt[-1] == self.roles.think
         sample.turns += 1
         sample.last = dict(
             prompt_ids=prompt, output_ids=done.output_ids, finish_reason=done.finish_reason
         )
+        if self.settings.rendered:
+            sample.outputs.append((done.output_ids, reasoning_open))
         self._queue_next(sample)
         row = sample.row
         return dict(
@@ -97,7 +120,8 @@ class TurnQueue:
             tools=row["tools"],
             prompt_ids=prompt,
             prompt_len=len(prompt),
-            reasoning_open=self.roles.think is not None and prompt[-1] == self.roles.think,
+            reasoning_open=reasoning_open,
+            regenerate=self.settings.regenerate,
         )
 
     def has_unsent(self) -> bool:
@@ -120,28 +144,33 @@ class TurnQueue:
         """The sample id (last_turn), or `<sample id>@turn<k>`: unique, and stable across runs,
         so a resumed run samples what the first would have."""
         sample_id = sample.row["sample_id"]
-        return f"{sample_id}@turn{sample.turns + 1}" if self.settings.all_turns else sample_id
+        return f"{sample_id}@turn{sample.turns + 1}" if self.settings.every_turn else sample_id
 
     def _queue_next(self, sample: Sample) -> None:
         last = sample.last
-        if not self.settings.all_turns or sample.turns >= sample.planned_turns:
+        if not self.settings.every_turn or sample.turns >= sample.planned_turns:
+            sample.outputs = []  # the conversation is over: nothing renders from them again
             return
         if last is None:  # queued only once a turn is back or stored
             raise ValueError(f"sample {sample.row['sample_id']}: no turn to continue from")
         if last["finish_reason"] == "abort" or not last["output_ids"]:
+            sample.outputs = []
             return
-        end_of_turn = self.roles.end_of_turn
-        if end_of_turn is None:
-            raise ValueError(
-                "regenerate: all_turns closes each turn with the end-of-turn token, and the "
-                "tokenizer has none: name it in the token roles (end_of_turn)"
+        if self.render is not None and self.settings.rendered:
+            prompt = self.render(sample.row, sample.outputs)
+        else:
+            end_of_turn = self.roles.end_of_turn
+            if end_of_turn is None:
+                raise ValueError(
+                    "regenerate: all_turns closes each turn with the end-of-turn token, and the "
+                    "tokenizer has none: name it in the token roles (end_of_turn)"
+                )
+            prompt = next_turn_prompt(
+                last["prompt_ids"],
+                last["output_ids"],
+                sample.row["turn_deltas"][sample.turns - 1],
+                end_of_turn,
             )
-        prompt = next_turn_prompt(
-            last["prompt_ids"],
-            last["output_ids"],
-            sample.row["turn_deltas"][sample.turns - 1],
-            end_of_turn,
-        )
         limit = self.settings.max_prompt_tokens
         if limit is not None and len(prompt) > limit:
             sample.stopped_at_limit = True

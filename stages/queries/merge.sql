@@ -1,11 +1,17 @@
 -- Which samples go into training, in which order and split?
--- One sequence per sample: the ids of its last usable turn, prompt and output, which hold every
--- turn before it, with one loss span [start, end) per turn: its output. A turn is usable when it
--- and the turns before it completed; a sample longer than max_length ends at its last turn that
--- fits (or, when even its first does not, that turn is cut). Prompts seen before (normalised
--- text, across datasets) are marked, and a seeded hash orders the rows: a deterministic shuffle.
+-- Ids concatenated (last_turn, all_turns): one sequence per sample, the ids of its last usable
+-- turn, prompt and output, which hold every turn before it, with one loss span [start, end) per
+-- turn: its output. A turn is usable when it and the turns before it completed; a sample longer
+-- than max_length ends at its last turn that fits (or, when even its first does not, that turn is
+-- cut). Rendered (all_turns_rendered, the raw rows' `regenerate`): one sequence per usable turn,
+-- its own prompt and output with one loss span, named `<sample_id>#<turn>`; a later turn's prompt
+-- is not the earlier sequence, so no turn holds another. Prompts seen before (normalised text,
+-- across datasets) mark every sequence of the later sample; a sample's sequences share its split
+-- (seeded hash of the sample id), and a seeded hash of the sequence id orders the rows.
 WITH usable AS (
-    SELECT *, bool_and(finish_reason <> 'abort' AND completion_tokens > 0)
+    SELECT *,
+           coalesce(regenerate = 'all_turns_rendered', false) AS rendered,
+           bool_and(finish_reason <> 'abort' AND completion_tokens > 0)
                   OVER (PARTITION BY sample_id ORDER BY turn) AS completed
     FROM samples
 ),
@@ -13,13 +19,15 @@ fits AS (
     SELECT sample_id, count(*) AS turns,
            coalesce(max(turn) FILTER (WHERE total_tokens <= $max_length), 1) AS last_turn
     FROM usable
-    WHERE completed
+    WHERE completed AND NOT rendered
     GROUP BY sample_id
 ),
 conversations AS (
-    SELECT sample_id,
+    SELECT sample_id AS sequence_id,
+           sample_id,
            any_value(dataset) AS dataset,
            any_value(prompt_key) AS prompt_key,
+           false AS rendered,
            any_value(f.turns) AS turns,
            any_value(f.last_turn) AS last_turn,
            arg_min(prompt_len, turn) AS first_prompt_len,
@@ -29,13 +37,34 @@ conversations AS (
     WHERE completed AND turn <= f.last_turn
     GROUP BY sample_id
 ),
+rendered_turns AS (
+    SELECT sample_id || '#' || turn AS sequence_id,
+           sample_id,
+           dataset,
+           prompt_key,
+           true AS rendered,
+           1 AS turns,
+           turn AS last_turn,
+           prompt_len AS first_prompt_len,
+           list_concat(prompt_ids, output_ids) AS ids,
+           [[prompt_len, prompt_len + completion_tokens]] AS spans
+    FROM usable
+    WHERE completed AND rendered
+),
+sequences AS (
+    SELECT * FROM conversations
+    UNION ALL BY NAME
+    SELECT * FROM rendered_turns
+),
 ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY prompt_key ORDER BY sample_id) AS copy_rank
-    FROM conversations
+    SELECT *, min(sample_id) OVER (PARTITION BY prompt_key) <> sample_id AS duplicate
+    FROM sequences
 )
 SELECT
-    sample_id,
+    sequence_id AS sample_id,
+    sample_id AS conversation,
     dataset,
+    rendered,
     ids,
     last_turn,
     ids[1:$max_length] AS input_ids,
@@ -43,10 +72,10 @@ SELECT
                 lambda s: s[1] < s[2]) AS loss_spans,
     least(len(ids), $max_length)::INTEGER AS length,
     len(ids) > $max_length AS truncated,
-    last_turn < turns AS shortened,
+    NOT rendered AND last_turn < turns AS shortened,
     CASE WHEN ('0x' || md5('split:' || $seed || ':' || sample_id)[1:8])::UBIGINT
               < $eval_fraction * 4294967296 THEN 'eval' ELSE 'train' END AS split,
-    copy_rank > 1 AS duplicate
+    duplicate
 FROM ranked
 WHERE first_prompt_len < $max_length
-ORDER BY md5('order:' || $seed || ':' || sample_id)
+ORDER BY md5('order:' || $seed || ':' || sequence_id)
