@@ -39,9 +39,13 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
     train_file = split_path(merged, "train")
     vocab = config.section(config.VocabParams, "vocab", params)
     target = config.section(config.TargetParams, "target", params)
-    vocab_size = AutoConfig.from_pretrained(
-        target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
-    ).vocab_size
+    vocab_size = (
+        AutoConfig.from_pretrained(
+            target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
+        )
+        .get_text_config()  # a multimodal wrapper's (Kimi-K2.5's) language model; else itself
+        .vocab_size
+    )
     if vocab.draft_vocab_size > vocab_size:
         raise StageError(
             f"vocab.draft_vocab_size: {vocab.draft_vocab_size} is larger than the "

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from tests.perf import bench_extract, bench_multi_gpu, bench_train
+from tests.perf import bench_extract, bench_kimi_width, bench_multi_gpu, bench_train
 
 TINY = [
     "--shape",
@@ -49,6 +49,7 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
         assert set(r) == {
             "batch",
             "length",
+            "attention",
             "tokens/s",
             "ms/step",
             "labels ms",
@@ -60,6 +61,7 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
         assert number(r["tokens/s"]) > 0 and number(r["ms/step"]) > 0
         assert number(r["labels ms"]) > 0 and number(r["peak GiB"]) > 0
         assert (r["device"], r["dtype"], r["ttt_steps"]) == ("cpu", "fp32", "3")
+        assert r["attention"] == "auto"  # the reference on the CPU
         tokens = int(r["batch"]) * int(r["length"])
         assert number(r["tokens/s"]) == pytest.approx(tokens / number(r["ms/step"]) * 1e3, rel=0.02)
 
@@ -91,12 +93,52 @@ def test_forward_flops_counts_layer_weights_and_causal_attention():
     assert bench_extract.forward_flops(model, batch, length) == expected
 
 
+def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, monkeypatch):
+    """The real extract, train and export at a tiny DeepSeek-V3 shape; a row whose training runs
+    out of GPU memory prints OOM, exports the untrained drafter, and the next row still runs."""
+    real_train = bench_kimi_width.run_train
+
+    def run_train(work, params, vocab, hidden):
+        if work.name == "T32":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
+        return real_train(work, params, vocab, hidden)
+
+    monkeypatch.setattr(bench_kimi_width, "run_train", run_train)
+    args = ["--shape", "tiny", "--device", "cpu", "--lengths", "32", "48"]
+    args += ["--samples", "1", "--train-steps", "1", "--ttt-steps", "2", "--warmup", "0"]
+    args += ["--repeat", "1"]
+    args += ["--work", str(tmp_path / "work"), "--json-out", str(tmp_path / "kimi.json")]
+    bench_kimi_width.main(args)
+    rows = printed_table(capsys.readouterr().out, "length")
+    assert [(r["length"], r["stage tok/s"], r["export"]) for r in rows] == [
+        ("32", "OOM", "pass (untrained)"),
+        ("48", rows[1]["stage tok/s"], "pass"),
+    ]
+    for r in rows:
+        assert number(r["extract tok/s"]) > 0 and r["bytes/token"] == "512"  # 4 x 64 x bf16
+        assert number(r["train tok/s"]) > 0 and number(r["ms/step"]) > 0
+        assert number(r["train tok/s"]) == pytest.approx(
+            int(r["length"]) / number(r["ms/step"]) * 1e3, rel=0.02
+        )
+    assert number(rows[1]["stage tok/s"]) > 0 and number(rows[1]["stage peak GiB"]) > 0
+    results = json.loads((tmp_path / "kimi.json").read_text())
+    assert results["target"]["aux_hf_indices"] == [2, 4, 5]
+    assert results["target"]["serving_layer_ids"] == {"sglang": [1, 3, 4], "vllm": [2, 4, 5]}
+    assert results["rows"][0]["train"]["error"] == "OOM"
+    assert results["rows"][0]["export"]["trained"] is False
+    export = results["rows"][1]["export"]
+    assert export["check_export"] == "pass" and export["sglang_layer_ids"] == [1, 3, 4]
+    assert export["draft"]["head_dim"] == 16 and export["draft"]["rope_scaling"]["factor"] == 64.0
+
+
 def test_batch_shape_names_the_expected_form():
     assert bench_extract.batch_shape("4x2048") == (4, 2048)
     with pytest.raises(argparse.ArgumentTypeError, match="batch x length"):
         bench_extract.batch_shape("4by2048")
 
 
+@pytest.mark.slow
+@pytest.mark.integration
 def test_bench_multi_gpu_compares_two_processes_with_one(tmp_path, capsys, monkeypatch):
     """The real stages by 1 process and by torchrun (gloo on CPU): equal shards, equal curves."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
