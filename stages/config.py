@@ -45,8 +45,10 @@ class PrepParams:
     skip_bad_rows: bool = False
     seed: int = 0
     # last_turn: the target writes the reply to the last user turn or tool result;
-    # all_turns: every assistant turn in order, each on the target's own earlier turns
-    regenerate: Literal["last_turn", "all_turns"] = "last_turn"
+    # all_turns: every assistant turn in order, each on the target's own earlier turns, the
+    # later prompts built by concatenating ids; all_turns_rendered: the same, the later prompts
+    # rendered by the chat template from the conversation so far (as a chat client and server)
+    regenerate: Literal["last_turn", "all_turns", "all_turns_rendered"] = "last_turn"
 
 
 @dataclass(frozen=True)
@@ -148,12 +150,56 @@ class VocabParams:
 
 
 @dataclass(frozen=True)
+class ExtractSGLangParams:
+    """The `sglang` capture engine: SGLang's model runner in-process, one rank per GPU under
+    `torchrun --nproc-per-node tp_size`, tensor parallel over the ranks."""
+
+    tp_size: int = 8  # tensor-parallel ranks: torchrun must start exactly this many processes
+    ep_size: int = 1  # expert-parallel size for MoE targets (divides tp_size)
+    mem_fraction_static: float = 0.85  # GPU memory share for weights and the KV pool
+    max_tokens_per_forward: int = 32768  # samples are packed by length up to this many tokens
+
+    def __post_init__(self) -> None:
+        if self.tp_size < 1 or self.ep_size < 1 or self.tp_size % self.ep_size:
+            raise ParamsError(
+                f"extract.sglang: ep_size {self.ep_size} must divide tp_size {self.tp_size} "
+                f"(both >= 1)"
+            )
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ParamsError(
+                f"extract.sglang.mem_fraction_static: {self.mem_fraction_static} is not in (0, 1)"
+            )
+        if self.max_tokens_per_forward < 1:
+            raise ParamsError("extract.sglang.max_tokens_per_forward: must be >= 1")
+
+
+@dataclass(frozen=True)
+class ExtractCanaryParams:
+    """`python -m stages.canary`: the configured engine against a second source."""
+
+    reference: Literal["hf", "http"] = "hf"  # hf: transformers on a target that fits; http: a
+    url: str | None = None  # SGLang >= 0.5.23 server with --enable-return-aux-hidden-states
+    hf_device: str = "cpu"  # where the hf reference runs (the GPUs hold the engine)
+    max_rel_error: float = 0.05  # per layer: ||got - ref|| / ||ref|| over the samples' tokens
+    timeout_s: float = 600.0  # per HTTP request
+
+    def __post_init__(self) -> None:
+        if self.reference == "http" and not self.url:
+            raise ParamsError("extract.canary.url: required when reference is http")
+        if not self.max_rel_error > 0:
+            raise ParamsError("extract.canary.max_rel_error: must be > 0")
+
+
+@dataclass(frozen=True)
 class ExtractParams:
+    engine: Literal["hf", "sglang"] = "hf"  # hf: a full target per process; sglang: TP capture
     layers: list[int] | None = None  # HF hidden_states indices; None = [2, N//2, N-3]
     shard_tokens: int = 65536  # tokens per safetensors shard (the unit of resume)
-    batch_tokens: int = 16384  # padded tokens per forward
+    batch_tokens: int = 16384  # padded tokens per forward (hf engine)
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # storage dtype of the features
     splits: list[str] = field(default_factory=lambda: ["train", "eval"])
+    sglang: ExtractSGLangParams = field(default_factory=ExtractSGLangParams)
+    canary: ExtractCanaryParams = field(default_factory=ExtractCanaryParams)
 
 
 @dataclass(frozen=True)

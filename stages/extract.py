@@ -3,14 +3,21 @@
 Reads params `target` and `extract`. Writes data/hidden/shard-NNNNN.safetensors (aux [T, 3H],
 last [T, H], input_ids [T], loss_mask [T]), data/hidden/index.parquet (sample_id, split, shard,
 offset, length) and data/hidden/meta.json (which HF hidden-state indices, and the layer ids that
-make SGLang and vLLM capture the same ones). Shards are the unit of resume; under torchrun each
-rank extracts the shards with index = rank (mod world size).
+make SGLang and vLLM capture the same ones). Shards are the unit of resume.
+
+The engine (`extract.engine`) is behind one interface, stages/target/capture.py `Capture`:
+`hf` loads the whole target in every process and, under torchrun, each rank extracts the shards
+with index = rank (mod world size); `sglang` runs SGLang's model runner tensor parallel over all
+ranks (torchrun --nproc-per-node extract.sglang.tp_size), every rank runs every forward and
+rank 0 alone writes. Before the run: the storage, the host buffers, and the hours projected from
+one timed batch.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -25,11 +32,57 @@ from .drafter.layers import default_aux_indices
 from .runtime import parallel
 from .runtime.device import resolve_device
 from .runtime.io import Progress, remove_stale_temps, write_json
-from .target.features import FeatureBuffers, FeatureExtractor, capture_shard
+from .target.capture import Capture, HFCapture, Role, capture_shard, leading_rows, timed_rate
+from .target.features import FeatureBuffers
 from .target.model import load_causal_lm
 from .target.tokenizer import model_fingerprint
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def build_capture(
+    params: config.ExtractParams, target: config.TargetParams, rank: int = 0, world: int = 1
+) -> Capture:
+    """The configured engine's Capture for this process."""
+    dtype = DTYPES[params.dtype]
+    if params.engine == "sglang":
+        from .engines.sglang_capture import SGLangCapture
+        from .target.capture import config_facts
+
+        with params_key("target"):
+            _, num_layers, _ = config_facts(target.path)
+        with params_key("extract.layers"):
+            indices = params.layers or default_aux_indices(num_layers)
+        s = params.sglang
+        with params_key("extract.sglang"):
+            return SGLangCapture(
+                target.path,
+                indices,
+                dtype,
+                rank=rank,
+                world=world,
+                local_rank=int(os.environ.get("LOCAL_RANK", rank)),
+                tp_size=s.tp_size,
+                ep_size=s.ep_size,
+                mem_fraction_static=s.mem_fraction_static,
+                max_tokens_per_forward=s.max_tokens_per_forward,
+                trust_remote_code=target.trust_remote_code,
+                model_dtype=target.dtype,
+            )
+    with params_key("target"):
+        model = load_causal_lm(
+            target.path, target.device, target.dtype, target.trust_remote_code, target.cpu_threads
+        )
+    indices = params.layers or default_aux_indices(model.config.num_hidden_layers)
+    with params_key("extract.layers"):
+        return HFCapture(model, indices, dtype, params.batch_tokens, Role(rank, world, True))
+
+
+def forward_tokens(params: config.ExtractParams) -> int:
+    """Tokens one forward of the configured engine holds: the size of the timed batch."""
+    if params.engine == "sglang":
+        return params.sglang.max_tokens_per_forward
+    return params.batch_tokens
 
 
 def extract(
@@ -40,17 +93,11 @@ def extract(
     rank: int = 0,
     world: int = 1,
 ) -> dict:
-    with params_key("target"):
-        model = load_causal_lm(
-            target.path, target.device, target.dtype, target.trust_remote_code, target.cpu_threads
-        )
-    cfg = model.config
-    num_layers = cfg.num_hidden_layers
-    indices = params.layers or default_aux_indices(num_layers)
-    with params_key("extract.layers"):
-        extractor = FeatureExtractor(model, indices)
-    device = next(model.parameters()).device
-    arch = (cfg.architectures or [type(model).__name__])[0]
+    capture = build_capture(params, target, rank, world)
+    role = capture.role
+    indices = capture.aux_indices
+    num_layers, hidden_size = capture.num_layers, capture.hidden_size
+    engine_key = [] if params.engine == "hf" else [params.engine]  # hf keeps its old shard keys
     fingerprint = hashlib.sha256(
         json.dumps(
             [
@@ -59,21 +106,23 @@ def extract(
                 params.dtype,
                 params.splits,
                 params.shard_tokens,
+                *engine_key,
             ]
         ).encode()
     ).hexdigest()[:16]
     meta = {
         "fingerprint": fingerprint,
         "target_path": target.path,
-        "architecture": arch,
+        "architecture": capture.architecture,
         "num_hidden_layers": num_layers,
-        "hidden_size": cfg.hidden_size,
+        "hidden_size": hidden_size,
         "aux_hf_indices": indices,
         "dtype": params.dtype,
         "bytes_per_token": (len(indices) + 1)
-        * cfg.hidden_size
+        * hidden_size
         * torch.finfo(DTYPES[params.dtype]).bits
         // 8,
+        **_engine_meta(params.engine, capture),  # none for hf: its meta.json is as it was
     }
     meta_path = out_dir / hidden.META
     stale = meta_path.exists() and json.loads(meta_path.read_text())["fingerprint"] != fingerprint
@@ -88,7 +137,7 @@ def extract(
         print(
             f"[extract] {total:,} tokens x {meta['bytes_per_token']:,} bytes/token = "
             f"{total * meta['bytes_per_token'] / 2**30:.2f} GiB in {len(plan)} shards "
-            f"(layers {indices} of {num_layers})"
+            f"(layers {indices} of {num_layers}, engine {params.engine})"
         )
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out_dir)  # before any rank writes: a killed run's half shards
@@ -99,29 +148,54 @@ def extract(
     _barrier(world)
     keys = [shard_key(fingerprint, shard) for shard in plan]
     todo = [k for k in range(len(plan)) if not shard_done(hidden.shard_path(out_dir, k), keys[k])]
-    mine = [k for k in todo if k % world == rank]
+    _barrier(world)  # every rank has its list before a shard is written: TP ranks must agree
+    mine = [k for k in todo if k % role.groups == role.group]
+    left = sum(r["length"] for k in todo for r in plan[k])
+    buffer_tokens = max((sum(r["length"] for r in plan[k]) for k in mine), default=0)
+    if rank == 0:
+        print(
+            f"[extract] host memory: 2 x {buffer_tokens:,} tokens x "
+            f"{meta['bytes_per_token']:,} bytes = "
+            f"{2 * buffer_tokens * meta['bytes_per_token'] / 2**30:.2f} GiB per writing process"
+        )
+    if mine:
+        _, first = next(shard_rows(merged_dir, plan, mine[:1]))
+        timed = leading_rows(first, forward_tokens(params))
+        rate = timed_rate(capture, [r["input_ids"] for r in timed])
+        if rank == 0:
+            eta_s = left / max(rate * role.groups, 1e-9)
+            print(
+                f"[extract] timed {sum(len(r['input_ids']) for r in timed):,} tokens: "
+                f"{rate:,.0f} tokens/s x {role.groups} capture group(s); {left:,} tokens to "
+                f"extract: about {eta_s / 3600:.2f} hours ({eta_s:,.0f} s)"
+            )
     progress = Progress(
         f"extract rank {rank}",
         sum(len(plan[k]) for k in mine),
         sum(r["length"] for k in mine for r in plan[k]),
     )
     clock = time.monotonic()
-    buffers = FeatureBuffers(
-        max((sum(r["length"] for r in plan[k]) for k in mine), default=0),
-        len(indices) * cfg.hidden_size,
-        cfg.hidden_size,
-        DTYPES[params.dtype],
-        pin=device.type == "cuda",
+    device = resolve_device(target.device)
+    buffers = (
+        FeatureBuffers(
+            buffer_tokens,
+            len(indices) * hidden_size,
+            hidden_size,
+            DTYPES[params.dtype],
+            pin=device.type == "cuda",
+        )
+        if role.writes
+        else None
     )
-    with ShardWriter() as writer:  # shard k is written while shard k + world is extracted
+    with ShardWriter() as writer:  # shard k is written while the next one is extracted
         for k, rows in shard_rows(merged_dir, plan, mine):
-            tensors = capture_shard(extractor, rows, params.batch_tokens, buffers, device)
-            tensors["loss_mask"] = hidden.loss_mask(rows)
-            writer.put(tensors, hidden.shard_path(out_dir, k), {"shard_key": keys[k]})
-            progress.update(len(rows), int(tensors["input_ids"].numel()))
+            tensors = capture_shard(capture, rows, buffers)
+            if role.writes:
+                tensors["loss_mask"] = hidden.loss_mask(rows)
+                writer.put(tensors, hidden.shard_path(out_dir, k), {"shard_key": keys[k]})
+                progress.update(len(rows), int(tensors["input_ids"].numel()))
     _barrier(world)
     seconds = time.monotonic() - clock  # the slowest rank's time: what the run waited for
-    extracted = sum(r["length"] for k in todo for r in plan[k])
     samples = sum(len(shard) for shard in plan)
     if rank == 0:
         hidden.write_index(out_dir, plan)
@@ -132,9 +206,20 @@ def extract(
         "bytes": total * meta["bytes_per_token"],
         "aux_hf_indices": indices,
         "world_size": world,
-        "extracted_tokens": extracted,
-        "tokens_per_s": round(extracted / seconds, 1) if extracted else 0.0,
+        "engine": params.engine,
+        "extracted_tokens": left,
+        "tokens_per_s": round(left / seconds, 1) if left else 0.0,
     }
+
+
+def _engine_meta(engine: str, capture: Capture) -> dict:
+    """What an engine other than hf adds to meta.json: its name, and for sglang its version and
+    the layer ids it captured with."""
+    if engine == "hf":
+        return {}
+    version, ids = getattr(capture, "version", None), getattr(capture, "layer_ids", None)
+    extra = {"sglang_version": version, "sglang_capture_ids": list(ids)} if ids else {}
+    return {"engine": engine, **extra}
 
 
 def _barrier(world: int) -> None:

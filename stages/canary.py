@@ -1,0 +1,197 @@
+"""`python -m stages.canary --merged data/merged --samples 8`: capture a few merged samples with
+the configured extraction engine and compare them, layer by layer, with a second source before
+committing a node to the whole extraction. Run it the way extraction runs (under
+`torchrun --nproc-per-node <tp_size>` for the sglang engine).
+
+Not a DVC stage: a check run by hand next to `dvc repro`, like `stages.estimate`. Reads params
+`target` and `extract` (engine, layers, dtype, sglang, canary). The second source
+(`extract.canary.reference`):
+- `hf`: the target in transformers on `extract.canary.hf_device` (a target that fits), with the
+  layers next to each recorded one, so a capture shifted by one layer is named as such;
+- `http`: a SGLang >= 0.5.23 server at `extract.canary.url` launched with
+  --enable-return-aux-hidden-states (the flags are printed), aux layers only. Where the server
+  and the engine cannot hold the target at the same time (one node), fetch the server's states
+  first with `--save-reference FILE` (no engine is built), stop the server, then compare with
+  `--load-reference FILE`.
+Prints each layer's relative error and exits 1 when one is over `extract.canary.max_rel_error`
+or matches another layer better than its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import torch
+
+from . import config
+from .artifacts import merged as merged_files
+from .cli import PathOpt, StageError, params_key, run
+from .drafter.layers import default_aux_indices, serving_layer_ids
+from .engines.served_hidden import served_aux, served_flags
+from .extract import build_capture
+from .runtime import parallel
+from .runtime.device import resolve_device
+from .runtime.io import atomic_path
+from .target.canary import CanaryReport, compare, hf_reference, neighbourhood
+from .target.capture import Capture, config_facts
+from .target.model import load_causal_lm
+
+
+def first_samples(merged_dir: Path, splits: list[str], k: int) -> list[list[int]]:
+    """The input_ids of the first `k` merged samples, splits in order."""
+    rows = (
+        r["input_ids"]
+        for split in splits
+        if merged_files.split_path(merged_dir, split).exists()
+        for r in merged_files.iter_rows(merged_files.split_path(merged_dir, split), ["input_ids"])
+    )
+    return [list(ids) for ids in itertools.islice(rows, k)]
+
+
+def collect(capture: Capture, samples: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux, last) of the samples' tokens one after another, float32 on the CPU."""
+    got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for pos, aux, last in capture.capture(samples):
+        got[pos] = (aux.float().cpu(), last.float().cpu())
+    return (
+        torch.cat([got[i][0] for i in range(len(samples))]),
+        torch.cat([got[i][1] for i in range(len(samples))]),
+    )
+
+
+def served_reference(
+    c: config.ExtractCanaryParams,
+    samples: list[list[int]],
+    architecture: str,
+    indices: list[int],
+    num_layers: int,
+    hidden: int,
+    sglang_version: str | None = None,
+) -> torch.Tensor:
+    """The server's aux states of the samples' tokens, [T, len(indices) * H], after printing the
+    flags its launch needs for these indices."""
+    if not c.url:
+        raise StageError("extract.canary.url: the http reference needs the server's URL")
+    with params_key("extract.canary"):
+        ids = serving_layer_ids(architecture, indices, num_layers, sglang_version)["sglang"]
+        print(f"[canary] the server at {c.url} must run with: {served_flags(ids)}")
+        return torch.cat(
+            [served_aux(c.url, s, len(indices) * hidden, c.timeout_s) for s in samples]
+        )
+
+
+def run_canary(
+    capture: Capture,
+    samples: list[list[int]],
+    ext: config.ExtractParams,
+    target: config.TargetParams,
+    sglang_version: str | None = None,
+    served: torch.Tensor | None = None,
+) -> CanaryReport | None:
+    """Capture `samples` and compare them with the reference (`served`: the server's aux states,
+    fetched before); None on a process that does not write (its forwards are part of the
+    tensor-parallel group's)."""
+    aux, last = collect(capture, samples)
+    if not capture.role.writes:
+        return None
+    c, indices, hidden = ext.canary, capture.aux_indices, capture.hidden_size
+    if c.reference == "hf":
+        with params_key("target"):
+            model = load_causal_lm(target.path, c.hf_device, target.dtype, target.trust_remote_code)
+        wanted = neighbourhood(indices, capture.num_layers)
+        reference, ref_last = hf_reference(model, samples, wanted)
+        return compare(aux, last, reference, ref_last, indices, c.max_rel_error)
+    if served is None:
+        served = served_reference(
+            c,
+            samples,
+            capture.architecture,
+            indices,
+            capture.num_layers,
+            hidden,
+            sglang_version,
+        )
+    by_index = {i: served[:, j * hidden : (j + 1) * hidden] for j, i in enumerate(indices)}
+    return compare(aux, None, by_index, None, indices, c.max_rel_error)
+
+
+def save_served(
+    path: Path,
+    ext: config.ExtractParams,
+    target: config.TargetParams,
+    samples: list[list[int]],
+    sglang_version: str | None,
+) -> None:
+    """Fetch the server's aux states of `samples` and keep them in `path` (no engine built)."""
+    with params_key("target"):
+        arch, num_layers, hidden = config_facts(target.path)
+    with params_key("extract.layers"):
+        indices = ext.layers or default_aux_indices(num_layers)
+    served = served_reference(
+        ext.canary, samples, arch, indices, num_layers, hidden, sglang_version
+    )
+    with atomic_path(path) as tmp:
+        torch.save({"input_ids": samples, "aux_hf_indices": indices, "aux": served}, tmp)
+    print(f"[canary] the server's aux states of {len(samples)} samples saved to {path}")
+
+
+def load_served(path: Path, samples: list[list[int]], indices: list[int]) -> torch.Tensor:
+    saved = torch.load(path, weights_only=True)
+    if saved["input_ids"] != samples or saved["aux_hf_indices"] != indices:
+        raise StageError(
+            f"{path} holds other samples or layers ({saved['aux_hf_indices']}) than this "
+            f"canary's ({indices}); save it again with the same --samples and params"
+        )
+    return saved["aux"]
+
+
+def main(
+    merged: PathOpt,
+    samples: int = 8,
+    sglang_version: str | None = None,
+    save_reference: Path | None = None,
+    load_reference: Path | None = None,
+    params: Path = config.PARAMS_FILE,
+) -> None:
+    """Compare the engine's features of `samples` merged samples with the reference; exit 1 if
+    a layer is off. http reference: `--save-reference FILE` only fetches the server's states,
+    `--load-reference FILE` compares with them; `--sglang-version` is the server's, when its
+    layer ids depend on it (default: the sglang engine's, else ids every version reads alike)."""
+    ext = config.section(config.ExtractParams, "extract", params)
+    target = config.section(config.TargetParams, "target", params)
+    if (save_reference or load_reference) and ext.canary.reference != "http":
+        raise StageError(
+            "--save-reference / --load-reference: extract.canary.reference is not http"
+        )
+    with params_key("extract.splits"):
+        picked = first_samples(merged, ext.splits, samples)
+    if not picked:
+        raise StageError(f"{merged}: no samples in splits {ext.splits}; run the merge stage")
+    if save_reference:
+        return save_served(save_reference, ext, target, picked, sglang_version)
+    rank, device = parallel.start(resolve_device(target.device))
+    target = config.TargetParams(**{**target.__dict__, "device": str(device)})
+    capture = build_capture(ext, target, rank.rank, rank.world)
+    served = load_served(load_reference, picked, capture.aux_indices) if load_reference else None
+    version = sglang_version or getattr(capture, "version", None)
+    report = run_canary(capture, picked, ext, target, version, served)
+    if report is not None:
+        print(
+            f"[canary] engine {ext.engine} ({capture.architecture}, layers "
+            f"{capture.aux_indices}) against {ext.canary.reference}, {len(picked)} samples:"
+        )
+        for line in report.lines():
+            print(f"[canary] {line}")
+    if rank.world > 1:
+        torch.distributed.barrier()
+    parallel.stop(rank)
+    if report is not None and not report.passed:
+        raise StageError(
+            "canary failed: the captured features are not the target's recorded layers "
+            "(see the table above); do not extract with these settings"
+        )
+
+
+if __name__ == "__main__":
+    run(main)

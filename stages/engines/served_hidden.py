@@ -1,0 +1,75 @@
+"""The aux hidden states a running SGLang server captures (>= 0.5.23), for the canary only.
+
+A server launched with `--enable-return-aux-hidden-states --speculative-algorithm EAGLE3
+--disable-radix-cache` (and `--return-aux-hidden-state-layer-ids <ids>`) answers a /generate
+request with `return_hidden_states: true` with the aux layers side by side in
+`meta_info.hidden_states`, element 0 covering the prefill: [T][num_aux * H] JSON floats. The final
+state is not returned. Hundreds of KB of JSON per token at H = 7168: a spot check of a few
+samples, never a bulk path (docs/serving.md section 5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import httpx
+import torch
+
+from . import EngineError
+
+
+def served_flags(layer_ids: Sequence[int]) -> str:
+    """The launch flags the canary's server needs, for the ids that capture the recorded layers."""
+    return (
+        "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 --disable-radix-cache "
+        f"--return-aux-hidden-state-layer-ids {' '.join(str(i) for i in layer_ids)}"
+    )
+
+
+def request_body(input_ids: Sequence[int]) -> dict:
+    return {
+        "input_ids": list(input_ids),
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "return_hidden_states": True,
+        "stream": False,
+    }
+
+
+def prefill_aux(reply: dict, tokens: int, width: int) -> torch.Tensor:
+    """[tokens, width] from a /generate reply's meta_info.hidden_states element 0."""
+    states = (reply.get("meta_info") or {}).get("hidden_states")
+    if not states:
+        raise EngineError(
+            "the server returned no meta_info.hidden_states: launch it with "
+            "--enable-return-aux-hidden-states --speculative-algorithm EAGLE3 (SGLang >= 0.5.23)"
+        )
+    prefill = torch.tensor(states[0], dtype=torch.float32)
+    if prefill.dim() == 1:
+        prefill = prefill.reshape(-1, width) if prefill.numel() % width == 0 else prefill[None]
+    if tuple(prefill.shape) != (tokens, width):
+        raise EngineError(
+            f"the server's prefill hidden states are {tuple(prefill.shape)} for a prompt of "
+            f"{tokens} tokens, expected ({tokens}, {width}): a radix-cache hit leaves the cached "
+            f"prefix out (launch with --disable-radix-cache), and width {width} needs the aux "
+            f"layers (--enable-return-aux-hidden-states), not the final state"
+        )
+    return prefill
+
+
+def served_aux(
+    url: str, input_ids: Sequence[int], width: int, timeout_s: float = 600.0
+) -> torch.Tensor:
+    """The server's aux hidden states of one prompt: [T, width] float32."""
+    try:
+        reply = httpx.post(
+            f"{url.rstrip('/')}/generate",
+            json=request_body(input_ids),
+            timeout=timeout_s,
+            trust_env=False,
+        )
+    except httpx.HTTPError as err:
+        raise EngineError(f"{url}/generate: {err}") from err
+    if reply.status_code != 200:
+        raise EngineError(f"{url}/generate answered {reply.status_code}: {reply.text[:300]}")
+    body = reply.json()
+    return prefill_aux(body[0] if isinstance(body, list) else body, len(input_ids), width)

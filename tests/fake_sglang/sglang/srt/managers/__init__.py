@@ -1,0 +1,1 @@
+"""Stand-in for the SGLang package of the same name (tests only)."""

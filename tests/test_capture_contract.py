@@ -1,0 +1,669 @@
+"""The capture interface (stages/target/capture.py `Capture`) held by both engines.
+
+The same contract runs against the `hf` engine and against the `sglang` engine, on tiny random
+Llama and DeepSeek-V3 targets built here: aux is HF hidden_states[i] at every recorded index i,
+side by side, and last is the post-norm final state. The sglang engine runs on
+tests/fake_sglang, a stand-in of exactly the SGLang symbols stages/engines/sglang_capture.py
+imports, whose model runner computes with the HF model and captures the layers as SGLang's model
+code does for the family and the version it reports, so an id the engine gets wrong comes back as
+another layer's features. Then: ids per family and version, batching by length and the split of
+the flat output, the version check, resume, rank-0-only writes under torchrun, the canary, and
+the hf engine's shards bitwise as the extraction always wrote them.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+from safetensors import safe_open
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from stages import canary, config
+from stages.artifacts import hidden
+from stages.cli import StageError
+from stages.engines import sglang_capture
+from stages.engines.served_hidden import prefill_aux
+from stages.extract import build_capture, extract
+from stages.target import canary as canary_math
+from stages.target.capture import (
+    Capture,
+    HFCapture,
+    Role,
+    capture_shard,
+    leading_rows,
+    timed_rate,
+)
+from stages.target.features import FeatureBuffers, FeatureExtractor
+from stages.target.features import capture_shard as old_capture_shard
+from stages.target.model import load_causal_lm
+from tests import fake_sglang
+from tests.conftest import DEMO_TARGET, ROOT
+
+pytestmark = pytest.mark.timeout(300)
+
+VOCAB = 128
+SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(
+        **SMALL, num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"]
+    ),
+    "deepseek": lambda: DeepseekV3Config(
+        **SMALL,
+        moe_intermediate_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=8,
+        v_head_dim=8,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        architectures=["DeepseekV3ForCausalLM"],
+    ),
+}
+CLASSES = {"llama": LlamaForCausalLM, "deepseek": DeepseekV3ForCausalLM}
+SAMPLES = [list(range(3, 9)), [7] * 3 + list(range(40, 77)), list(range(90, 117)), [5, 6]]
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory) -> dict[str, Path]:
+    """The tiny random checkpoints, saved as local HF directories."""
+    out = {}
+    for family, make in CONFIGS.items():
+        torch.manual_seed(0)
+        model = CLASSES[family](make()).eval()
+        path = tmp_path_factory.mktemp(family)
+        model.save_pretrained(path)
+        out[family] = path
+    return out
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    """activate(version): the SGLang stand-in importable, reporting `version`; its record."""
+
+    active: list[str] = []
+
+    def activate(version: str = "0.5.23"):
+        if active[-1:] != [version]:
+            where = fake_sglang.write_distribution(tmp_path / f"dist-{version}", version)
+            monkeypatch.syspath_prepend(str(where))
+            monkeypatch.syspath_prepend(str(fake_sglang.ROOT))
+            fake_sglang.forget()
+            active.append(version)
+        import sglang._fake as record
+
+        return record
+
+    yield activate
+    fake_sglang.forget()
+
+
+def target_params(path: Path) -> config.TargetParams:
+    return config.TargetParams(path=str(path), device="cpu", cpu_threads=1)
+
+
+def extract_params(engine: str, layers=None, dtype="float32", **sglang) -> config.ExtractParams:
+    return config.ExtractParams(
+        engine=engine,
+        layers=layers,
+        dtype=dtype,
+        batch_tokens=96,
+        shard_tokens=60,
+        sglang=config.ExtractSGLangParams(**{"tp_size": 1, "max_tokens_per_forward": 64, **sglang}),
+    )
+
+
+def make_capture(engine, path, fake, layers=None, dtype="float32", **sglang) -> Capture:
+    if engine == "sglang":
+        fake()
+    return build_capture(extract_params(engine, layers, dtype, **sglang), target_params(path))
+
+
+def reference(path: Path, ids: list[int]):
+    """HF's own hidden states of one sequence, run alone: (hidden_states tuple, fp32)."""
+    model = load_causal_lm(str(path), device="cpu", dtype="float32")
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states
+
+
+def captured(capture: Capture, samples) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    out = {}
+    for pos, aux, last in capture.capture(samples):
+        assert pos not in out
+        out[pos] = (aux.clone(), last.clone())
+    assert sorted(out) == list(range(len(samples)))
+    return out
+
+
+def assert_is_hf(path: Path, samples, got, indices) -> None:
+    H = SMALL["hidden_size"]
+    for pos, ids in enumerate(samples):
+        states = reference(path, ids)
+        aux, last = got[pos]
+        assert aux.shape == (len(ids), len(indices) * H) and last.shape == (len(ids), H)
+        for j, i in enumerate(indices):
+            torch.testing.assert_close(
+                aux[:, j * H : (j + 1) * H].float(), states[i][0], atol=1e-5, rtol=1e-5
+            )
+        torch.testing.assert_close(last.float(), states[-1][0], atol=1e-5, rtol=1e-5)
+
+
+# --- the contract, both engines ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek"])
+@pytest.mark.parametrize("engine", ["hf", "sglang"])
+def test_capture_contract(engine, family, targets, fake):
+    capture = make_capture(engine, targets[family], fake)
+    assert isinstance(capture, Capture)
+    assert capture.aux_indices == [2, 4, 5]  # the default [2, N // 2, N - 3] of 8 layers
+    assert (capture.num_layers, capture.hidden_size) == (8, SMALL["hidden_size"])
+    assert capture.architecture == CONFIGS[family]().architectures[0]
+    assert capture.dtype == torch.float32 and capture.role == Role(0, 1, True)
+    got = captured(capture, SAMPLES)
+    assert all(a.dtype == torch.float32 and a.device.type == "cpu" for a, _ in got.values())
+    assert_is_hf(targets[family], SAMPLES, got, [2, 4, 5])
+
+
+@pytest.mark.parametrize("engine", ["hf", "sglang"])
+def test_features_come_back_in_the_stored_dtype(engine, targets, fake):
+    capture = make_capture(engine, targets["llama"], fake, layers=[1, 3, 6], dtype="bfloat16")
+    got = captured(capture, SAMPLES[:2])
+    states = reference(targets["llama"], SAMPLES[1])
+    aux, last = got[1]
+    assert aux.dtype == last.dtype == torch.bfloat16
+    torch.testing.assert_close(aux[:, 32:64].float(), states[3][0], atol=2e-2, rtol=1e-2)
+
+
+# --- the sglang engine: ids, batches, settings, version -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "family, layers, version, ids",
+    [
+        ("llama", [2, 4, 5], "0.5.23", [1, 3, 4]),  # llama.py: id + 1
+        ("llama", [1, 3, 7], "0.5.23", [0, 2, 6]),
+        ("deepseek", [2, 4, 5], "0.5.23", [1, 3, 4]),  # first id 1: + 1 on every version
+        ("deepseek", [2, 4, 5], "0.5.12", [1, 3, 4]),
+        ("deepseek", [3, 4, 6], "0.5.23", [3, 4, 6]),  # from 0.5.13: as written
+        ("deepseek", [3, 4, 6], "0.5.12", [2, 3, 5]),  # before 0.5.13: id + 1
+    ],
+)
+def test_sglang_ids_per_family_and_version(
+    family, layers, version, ids, targets, fake, monkeypatch
+):
+    monkeypatch.setattr(sglang_capture, "SUPPORTED_VERSIONS", (version,))
+    fake(version)
+    capture = build_capture(extract_params("sglang", layers), target_params(targets[family]))
+    assert capture.layer_ids == ids and capture.version == version
+    import sglang._fake as record
+
+    (told,) = [r for r in record.RECORD if r["event"] == "set_eagle3_layers_to_capture"]
+    assert told["ids"] == ids and told["captures"] == layers
+    assert_is_hf(targets[family], SAMPLES[:2], captured(capture, SAMPLES[:2]), layers)
+
+
+def test_an_id_convention_mistake_comes_back_as_other_layers(targets, fake, monkeypatch):
+    """The engine translating for 0.5.23 while SGLang 0.5.12 runs: every layer one too deep."""
+    record = fake("0.5.12")
+    monkeypatch.setattr(sglang_capture, "installed_sglang_version", lambda: "0.5.23")
+    capture = build_capture(extract_params("sglang", [3, 4, 6]), target_params(targets["deepseek"]))
+    (told,) = [r for r in record.RECORD if r["event"] == "set_eagle3_layers_to_capture"]
+    assert told["captures"] == [4, 5, 7]
+    got = captured(capture, SAMPLES[:1])
+    states = reference(targets["deepseek"], SAMPLES[0])
+    assert torch.allclose(got[0][0][:, :32], states[4][0], atol=1e-5)  # slot 0 holds index 4
+
+
+def test_flat_batches_pack_by_length_in_order():
+    fb = sglang_capture.flat_batches
+    assert fb([30, 50, 40, 120, 10], 100) == [[0, 1], [2], [3], [4]]
+    assert fb([10] * 5, 100, max_samples=2) == [[0, 1], [2, 3], [4]]
+    assert fb([200], 100) == [[0]] and fb([], 100) == []
+
+
+def test_sglang_batches_by_length_and_splits_the_flat_output(targets, fake, monkeypatch):
+    record = fake()
+    samples = [SAMPLES[0] * 5, SAMPLES[1] + SAMPLES[3], SAMPLES[2] + SAMPLES[0], SAMPLES[3]]
+    lengths = [len(s) for s in samples]  # 30, 42, 33, 2
+    capture = make_capture("sglang", targets["llama"], fake, max_tokens_per_forward=75)
+    got = captured(capture, samples)
+    forwards = [r["lengths"] for r in record.RECORD if r["event"] == "forward"]
+    assert forwards == [lengths[:2], lengths[2:]]  # 72 tokens, then 35
+    assert all(r["mode"] == "FULL" for r in record.RECORD if r["event"] == "forward")
+    assert_is_hf(targets["llama"], samples, got, [2, 4, 5])
+    # the request pool bounds a forward's samples too
+    monkeypatch.setattr("sglang.srt.model_executor.model_runner.POOL_SIZE", 3)
+    record.RECORD.clear()
+    capture = make_capture("sglang", targets["llama"], fake, max_tokens_per_forward=10**6)
+    captured(capture, samples)
+    assert [len(r["lengths"]) for r in record.RECORD if r["event"] == "forward"] == [3, 1]
+
+
+def test_sglang_engine_runs_with_capture_settings(targets, fake):
+    record = fake()
+    capture = make_capture("sglang", targets["llama"], fake, mem_fraction_static=0.5)
+    captured(capture, SAMPLES[:1])
+    (args,) = [r for r in record.RECORD if r["event"] == "server_args"]
+    assert args["disable_radix_cache"] is True and args["chunked_prefill_size"] == -1
+    assert args["pp_size"] == 1 and args["disable_cuda_graph"] is True
+    assert (args["tp_size"], args["ep_size"], args["mem_fraction_static"]) == (1, 1, 0.5)
+    assert [r["disable"] for r in record.RECORD if r["event"] == "radix_cache"] == [True]
+    (runner,) = [r for r in record.RECORD if r["event"] == "model_runner"]
+    assert (runner["tp_rank"], runner["pp_size"], runner["moe_ep_size"]) == (0, 1, 1)
+
+
+def test_last_state_from_the_logits_processor_when_the_output_lacks_it(targets, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_SGLANG_NO_LAST", "1")
+    capture = make_capture("sglang", targets["deepseek"], fake)
+    assert_is_hf(targets["deepseek"], SAMPLES[:2], captured(capture, SAMPLES[:2]), [2, 4, 5])
+
+
+def test_sglang_tp_size_must_match_the_processes(targets, fake):
+    with pytest.raises(StageError, match=r"extract.sglang: tp_size is 2 but 1 process"):
+        make_capture("sglang", targets["llama"], fake, tp_size=2)
+
+
+@pytest.mark.parametrize("version", ["0.5.22", "0.5.24", None])
+def test_version_check_names_the_supported_version_and_pip_line(version, targets, fake, tmp_path):
+    if version is None:
+        fake_sglang.forget()  # nothing installed
+    else:
+        fake(version)
+    params = extract_params("sglang")
+    with pytest.raises(StageError) as err:
+        extract(tmp_path / "merged", tmp_path / "hidden", params, target_params(targets["llama"]))
+    message = str(err.value)
+    assert message.startswith("extract.sglang: ")
+    assert "0.5.23" in message and 'pip install "sglang==0.5.23"' in message
+    if version:
+        assert f"{version} is installed" in message
+    assert not (tmp_path / "hidden").exists()
+
+
+def test_sglang_params_are_validated():
+    with pytest.raises(config.ParamsError, match="ep_size 3 must divide tp_size 8"):
+        config.ExtractSGLangParams(ep_size=3)
+    with pytest.raises(config.ParamsError, match="mem_fraction_static"):
+        config.ExtractSGLangParams(mem_fraction_static=1.5)
+    with pytest.raises(config.ParamsError, match="canary.url"):
+        config.ExtractCanaryParams(reference="http")
+    with pytest.raises(config.ParamsError, match="engine"):
+        config.build(config.ExtractParams, {"engine": "vllm"}, "extract")
+
+
+# --- the extract stage on the sglang engine: artifact, resume ------------------------------
+
+
+def write_merged(out: Path, n_train: int = 7, n_eval: int = 3, vocab: int = VOCAB) -> Path:
+    g = torch.Generator().manual_seed(0)
+    out.mkdir(parents=True)
+    for split, n in (("train", n_train), ("eval", n_eval)):
+        rows = []
+        for i in range(n):
+            length = 9 + 7 * ((i * 5) % 7)
+            ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+            rows.append(
+                dict(
+                    sample_id=f"{split}/{i}",
+                    dataset="d",
+                    input_ids=ids,
+                    loss_spans=[[2, length]],
+                    length=length,
+                    truncated=False,
+                    split=split,
+                )
+            )
+        pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
+    return out
+
+
+def shard_tensors(path: Path) -> dict[str, torch.Tensor]:
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def assert_hidden_is_hf(target: Path, merged: Path, out: Path, indices: list[int]) -> None:
+    index = pq.read_table(out / hidden.INDEX).to_pylist()
+    rows = {
+        r["sample_id"]: r["input_ids"]
+        for split in ("train", "eval")
+        for r in pq.read_table(merged / f"{split}.parquet").to_pylist()
+    }
+    assert len(index) == len(rows)
+    shards: dict[int, dict] = {}
+    got = {}
+    for r in index:
+        t = shards.setdefault(r["shard"], shard_tensors(hidden.shard_path(out, r["shard"])))
+        s = slice(r["offset"], r["offset"] + r["length"])
+        assert t["input_ids"][s].tolist() == rows[r["sample_id"]]
+        got[r["sample_id"]] = (t["aux"][s], t["last"][s])
+    names = sorted(got)
+    assert_is_hf(target, [rows[n] for n in names], dict(enumerate(got[n] for n in names)), indices)
+
+
+def test_extract_with_the_sglang_engine_resumes_shard_by_shard(targets, fake, tmp_path, capsys):
+    record = fake()
+    merged = write_merged(tmp_path / "merged")
+    out = tmp_path / "hidden"
+    params = extract_params("sglang", [1, 3, 6])
+    report = extract(merged, out, params, target_params(targets["llama"]))
+    assert report["engine"] == "sglang" and report["extracted_tokens"] == report["tokens"]
+    meta = json.loads((out / hidden.META).read_text())
+    assert meta["engine"] == "sglang" and meta["sglang_version"] == "0.5.23"
+    assert meta["aux_hf_indices"] == [1, 3, 6] and meta["sglang_capture_ids"] == [0, 2, 5]
+    assert_hidden_is_hf(targets["llama"], merged, out, [1, 3, 6])
+    printed = capsys.readouterr().out
+    assert "GiB per writing process" in printed and "hours" in printed
+
+    shards = hidden.shard_files(out)
+    assert len(shards) >= 3
+    stamps = {p: p.stat().st_mtime_ns for p in shards}
+    shards[1].unlink()
+    record.RECORD.clear()
+    again = extract(merged, out, params, target_params(targets["llama"]))
+    assert shards[1].exists() and again["extracted_tokens"] < again["tokens"]
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in shards if p != shards[1])
+    forwarded = sum(r["tokens"] for r in record.RECORD if r["event"] == "forward")
+    n1 = shard_tensors(shards[1])["input_ids"].numel()
+    assert n1 <= forwarded <= 3 * n1  # that shard (and the timed batch, drawn from it) only
+    assert_hidden_is_hf(targets["llama"], merged, out, [1, 3, 6])
+
+
+# --- the hf engine: bitwise what the extraction always wrote --------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_hf_engine_shards_are_bitwise_the_old_path(dtype, tmp_path):
+    """The demo target through the stage against features.capture_shard + FeatureExtractor, the
+    code the stage ran before the Capture interface (kept unchanged in features.py). Measured
+    when the interface went in: the stage's shards on a synthetic demo set had the same
+    sha256 before and after the change."""
+    merged = write_merged(tmp_path / "merged", 12, 4, vocab=2048)
+    out = tmp_path / "hidden"
+    target = target_params(DEMO_TARGET)
+    params = config.ExtractParams(shard_tokens=150, batch_tokens=120, dtype=dtype)
+    extract(merged, out, params, target)
+    model = load_causal_lm(str(DEMO_TARGET), device="cpu", dtype="auto")
+    extractor = FeatureExtractor(model, [2, 4, 5])
+    plan = hidden.plan_shards(merged, ["train", "eval"], 150)
+    assert len(plan) >= 3
+    store = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    for k, rows in hidden.shard_rows(merged, plan, list(range(len(plan)))):
+        buffers = FeatureBuffers(
+            sum(map(len, (r["input_ids"] for r in rows))), 3 * 128, 128, store, False
+        )
+        old = old_capture_shard(extractor, rows, 120, buffers, torch.device("cpu"))
+        new = shard_tensors(hidden.shard_path(out, k))
+        for key in ("aux", "last", "input_ids"):
+            assert new[key].dtype == old[key].dtype and torch.equal(new[key], old[key]), (k, key)
+    meta = json.loads((out / hidden.META).read_text())
+    assert "engine" not in meta  # the hf engine's meta.json is as it always was
+
+
+def test_capture_shard_without_buffers_runs_the_forwards_and_keeps_nothing(targets, fake):
+    capture = make_capture("hf", targets["llama"], fake)
+    rows = [{"input_ids": s} for s in SAMPLES]
+    assert set(capture_shard(capture, rows, None)) == {"input_ids"}
+
+
+# --- torchrun: one TP group, rank 0 writes ---------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(targets, tmp_path):
+    merged = write_merged(tmp_path / "merged")
+    where = fake_sglang.write_distribution(tmp_path / "dist", "0.5.23")
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "target": {"path": str(targets["deepseek"]), "device": "cpu"},
+                "extract": {
+                    "engine": "sglang",
+                    "layers": [3, 4, 6],
+                    "dtype": "float32",
+                    "shard_tokens": 60,
+                    "sglang": {"tp_size": 2, "ep_size": 2, "max_tokens_per_forward": 64},
+                },
+            }
+        )
+    )
+    record = tmp_path / "record"
+    record.mkdir()
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{ROOT}:{fake_sglang.pythonpath(where)}",
+        RECORD_DIR=str(record),
+        RECORD_ROOT=str(tmp_path),
+        FAKE_SGLANG_RECORD=str(tmp_path / "fake-{rank}.jsonl"),
+    )
+    out = tmp_path / "hidden"
+    cmd = [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "tests" / "dist_fixtures" / "record_writes.py"),
+        "stages.extract",
+        *("--params", params, "--merged", merged, "--out", out),
+        *("--report", tmp_path / "reports" / "extract.json"),
+    ]
+    proc = subprocess.run(
+        list(map(str, cmd)), cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    def written(rank: int) -> list[str]:
+        log = record / f"writes-{rank}.tsv"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [Path(line.split("\t")[1]).name for line in lines]
+
+    shards = [p.name for p in hidden.shard_files(out)]
+    assert len(shards) >= 3
+    assert written(1) == []  # the second TP rank ran every forward and wrote nothing
+    assert sorted(n for n in written(0) if n != "extract.json") == sorted(
+        shards + ["index.parquet", "meta.json"]
+    )
+    fake_records = [
+        [json.loads(line) for line in (tmp_path / f"fake-{r}.jsonl").read_text().splitlines()]
+        for r in (0, 1)
+    ]
+    runners = [[e for e in rec if e["event"] == "model_runner"][0] for rec in fake_records]
+    assert [(r["tp_rank"], r["tp_size"], r["moe_ep_rank"], r["moe_ep_size"]) for r in runners] == [
+        (0, 2, 0, 2),
+        (1, 2, 1, 2),
+    ]
+    forwards = [[e["lengths"] for e in rec if e["event"] == "forward"] for rec in fake_records]
+    assert forwards[0] == forwards[1] and len(forwards[0]) >= len(shards)
+    assert_hidden_is_hf(targets["deepseek"], merged, out, [3, 4, 6])
+
+
+# --- the canary ------------------------------------------------------------------------------
+
+
+def test_compare_catches_a_one_layer_shift_and_passes_when_equal():
+    g = torch.Generator().manual_seed(0)
+    states = {i: torch.randn(20, 8, generator=g) * (1 + i) for i in range(1, 8)}
+    for i in range(2, 8):  # a residual stream: each layer a small step from the last
+        states[i] = states[i - 1] + 0.05 * torch.randn(20, 8, generator=g)
+    aux = torch.cat([states[i] for i in (2, 4, 5)], dim=-1)
+    equal = canary_math.compare(aux, states[7], states, states[7], [2, 4, 5], 0.05)
+    assert equal.passed and all(s.rel_error == 0 for s in equal.slots)
+    shifted = torch.cat([states[i] for i in (3, 5, 6)], dim=-1)
+    report = canary_math.compare(shifted, states[7], states, states[7], [2, 4, 5], 0.5)
+    assert not report.passed  # under the threshold, yet closer to the next layer
+    assert [s.best_index for s in report.slots] == [3, 5, 6]
+    assert "FAIL" in "\n".join(report.lines())
+
+
+class ShiftedCapture(HFCapture):
+    """An hf capture that says it holds [2, 4, 5] but hooks [3, 5, 6]: the one-layer mistake."""
+
+    @property
+    def aux_indices(self) -> list[int]:
+        return [i - 1 for i in self.extractor.aux_indices]
+
+
+def canary_params(tmp_path: Path, target: Path, engine: str, **extract) -> Path:
+    path = tmp_path / "params.yaml"
+    body = {"engine": engine, "dtype": "float32", "sglang": {"tp_size": 1}, **extract}
+    path.write_text(
+        yaml.safe_dump({"target": {"path": str(target), "device": "cpu"}, "extract": body})
+    )
+    return path
+
+
+@pytest.mark.parametrize("family", ["llama", "deepseek"])
+def test_canary_passes_the_sglang_engine_and_fails_a_shifted_capture(
+    family, targets, fake, tmp_path
+):
+    fake()
+    ext = extract_params("sglang", [3, 4, 6])
+    target = target_params(targets[family])
+    report = canary.run_canary(build_capture(ext, target), SAMPLES, ext, target)
+    assert report is not None and report.passed and report.last_rel_error < 1e-5
+    model = load_causal_lm(str(targets[family]), device="cpu", dtype="float32")
+    shifted = ShiftedCapture(model, [3, 5, 6], torch.float32, 96)
+    report = canary.run_canary(shifted, SAMPLES, extract_params("hf", [2, 4, 5]), target)
+    assert report is not None and not report.passed
+    assert [s.best_index for s in report.slots] == [3, 5, 6]
+
+
+def test_canary_cli_exits_1_on_a_version_mistake(targets, fake, tmp_path, monkeypatch, capsys):
+    merged = write_merged(tmp_path / "merged")
+    params = canary_params(tmp_path, targets["deepseek"], "sglang", layers=[3, 4, 6])
+    fake()
+    canary.main(merged, samples=3, params=params)  # right ids: passes
+    assert "[canary] PASS" in capsys.readouterr().out
+    fake("0.5.12")  # SGLang 0.5.12 runs, the engine translates for 0.5.23
+    monkeypatch.setattr(sglang_capture, "installed_sglang_version", lambda: "0.5.23")
+    with pytest.raises(StageError, match="canary failed"):
+        canary.main(merged, samples=3, params=params)
+    printed = capsys.readouterr().out
+    assert "FAIL" in printed and "closest index" in printed
+
+
+class AuxServer(http.server.ThreadingHTTPServer):
+    """/generate as a SGLang >= 0.5.23 server with --enable-return-aux-hidden-states answers it:
+    meta_info.hidden_states[0] is the prefill's aux layers, at the HF indices it was told."""
+
+    def __init__(self, model, indices: list[int]):
+        self.model, self.indices = model, indices
+        self.requests: list[dict] = []
+        super().__init__(("127.0.0.1", 0), AuxHandler)
+
+
+class AuxHandler(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server: AuxServer = self.server  # type: ignore[assignment]
+        server.requests.append(body)
+        with torch.no_grad():
+            states = server.model(
+                input_ids=torch.tensor([body["input_ids"]]), output_hidden_states=True
+            ).hidden_states
+        aux = torch.cat([states[i][0] for i in server.indices], dim=-1)
+        reply = json.dumps({"text": "", "meta_info": {"hidden_states": [aux.tolist()]}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("served, passes", [([2, 4, 5], True), ([3, 5, 6], False)])
+def test_canary_against_a_served_capture(served, passes, targets, tmp_path):
+    model = load_causal_lm(str(targets["llama"]), device="cpu", dtype="float32")
+    server = AuxServer(model, served)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        ext = config.ExtractParams(
+            engine="hf",
+            dtype="float32",
+            canary=config.ExtractCanaryParams(reference="http", url=url, max_rel_error=1e-3),
+        )
+        target = target_params(targets["llama"])
+        report = canary.run_canary(build_capture(ext, target), SAMPLES, ext, target)
+    finally:
+        server.shutdown()
+    assert report is not None and report.passed is passes and report.last_rel_error is None
+    assert server.requests[0]["return_hidden_states"] is True
+    assert server.requests[0]["input_ids"] == SAMPLES[0]
+
+
+def test_a_served_capture_missing_its_cached_prefix_is_refused():
+    reply = {"meta_info": {"hidden_states": [[[0.0] * 6] * 3]}}
+    assert prefill_aux(reply, 3, 6).shape == (3, 6)
+    with pytest.raises(Exception, match="disable-radix-cache"):
+        prefill_aux(reply, 5, 6)
+
+
+def test_canary_one_node_flow_saves_the_served_states_then_compares(
+    targets, fake, tmp_path, capsys
+):
+    """--save-reference fetches from the server (no engine built); with the server stopped,
+    --load-reference compares the engine's capture with what was saved."""
+    merged = write_merged(tmp_path / "merged")
+    model = load_causal_lm(str(targets["llama"]), device="cpu", dtype="float32")
+    server = AuxServer(model, [2, 4, 5])
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    canary_extract = {"reference": "http", "url": url, "max_rel_error": 1e-3}
+    params = canary_params(tmp_path, targets["llama"], "sglang", canary=canary_extract)
+    saved = tmp_path / "reference.pt"
+    try:
+        canary.main(merged, samples=4, save_reference=saved, params=params)
+    finally:
+        server.shutdown()
+    assert len(server.requests) == 4 and saved.exists()
+    assert "--return-aux-hidden-state-layer-ids 1 3 4" in capsys.readouterr().out
+    fake()
+    canary.main(merged, samples=4, load_reference=saved, params=params)
+    assert "[canary] PASS" in capsys.readouterr().out
+    with pytest.raises(StageError, match="other samples"):
+        canary.main(merged, samples=3, load_reference=saved, params=params)
+
+
+def test_the_projection_times_one_batch_after_a_warm_up(targets, fake):
+    capture = make_capture("hf", targets["llama"], fake)
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(capture, name)
+
+        def capture(self, input_ids):
+            calls.append([len(s) for s in input_ids])
+            return capture.capture(input_ids)
+
+    ticks = iter([10.0, 12.0])
+    rows = [{"input_ids": s} for s in SAMPLES]
+    timed = leading_rows(rows, 50)
+    assert [len(r["input_ids"]) for r in timed] == [6, 40]  # up to 50 tokens, at least one
+    assert leading_rows(rows[1:], 5) == rows[1:2]
+    rate = timed_rate(Counting(), [r["input_ids"] for r in timed], clock=lambda: next(ticks))
+    assert calls == [[6], [6, 40]] and rate == 46 / 2.0
