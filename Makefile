@@ -25,6 +25,7 @@ demo: setup
 	t = json.load(open('reports/train.json')); \
 	print(f\"acceptance length tau (chain of {r['num_steps']} at T=0): {r['tau_greedy']} \
 	(replayed on the eval split in training: {t['best_replayed_tau']})\")"
+	@echo "report: $(abspath reports/index.html)  (model card: models/card/README.md)"
 
 # Lint, format, types of the library, and the structure (dvc.yaml deps = imports; layering).
 check: setup

@@ -22,13 +22,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig
 
 from . import config
 from .artifacts.merged import iter_rows, split_path
 from .cli import PathOpt, StageError, params_key, run
-from .drafter.export import load_drafter
+from .drafter.export import check_exported, load_drafter
 from .drafter.speculate import acceptance_stats, choose, speculative_generate
-from .engines import Sampling
+from .engines import AuthError, Sampling
 from .engines.sglang import SGLangEngine
 from .engines.sglang_bench import (
     ServerRun,
@@ -41,11 +42,11 @@ from .engines.sglang_bench import (
 )
 from .engines.sglang_server import is_healthy, launch_command
 from .launch import server_command, start_launched
-from .runtime.io import write_csv, write_json
-from .sources import prompt_messages, read_conversations
+from .runtime.io import remove_stale_temps_around, write_csv, write_json
+from .sources import SourceError, prompt_messages, read_conversations
 from .target.model import load_causal_lm
 from .target.tokenizer import render_prompt
-from .wiring import target_roles, target_tokenizer
+from .wiring import api_key, target_roles, target_tokenizer
 
 
 def eval_prompts(eval_file: Path, limit: int) -> dict[str, list[list[int]]]:
@@ -241,6 +242,7 @@ def served_benchmark(
     """Every prompt set at every temperature on the speculative server, then on the base one
     (never both at once, so a launched pair does not share the GPUs)."""
     s = b.sglang
+    key = api_key(s.api_key_env, "benchmark.sglang.api_key_env")
     if s.launch is not None and (s.spec_url or s.base_url):
         raise StageError("benchmark.sglang: give either launch or spec_url and base_url, not both")
     if s.launch is None:
@@ -278,13 +280,15 @@ def served_benchmark(
     servers: dict[str, dict] = {}
     for role, url in (("spec", s.spec_url), ("base", s.base_url)):
         with serving(s.launch, commands[role], url) as url:
-            facts = server_facts(url)
+            facts = server_facts(url, api_key=key)
             if role == "spec":
                 check_speculative_server(facts, url, b.num_steps)
             else:
                 check_plain_server(facts, url)
             with params_key("benchmark.sglang"):
-                engine = SGLangEngine([url], s.concurrency, s.timeout_s, max_retries=s.max_retries)
+                engine = SGLangEngine(
+                    [url], s.concurrency, s.timeout_s, max_retries=s.max_retries, api_key=key
+                )
             runs[role] = {
                 (t, name): measure(engine, group, sampling)
                 for t, sampling in samplings.items()
@@ -335,18 +339,38 @@ def main(
     """Measure acceptance length and speedup of the exported drafter."""
     b = config.section(config.BenchmarkParams, "benchmark", params)
     target = config.section(config.TargetParams, "target", params)
+    remove_stale_temps_around(report, plot)  # a killed run's half-written report
+    with params_key("target"):
+        target_config = AutoConfig.from_pretrained(
+            target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
+        )
+    check_exported(drafter_dir, target_config)  # before anything loads it: it names every fault
     tokenizer = target_tokenizer(target)
     stop_ids = target_roles(target, tokenizer).stop_ids
     eval_file = split_path(merged, "eval")
     prompts = eval_prompts(eval_file, b.max_prompts)
     for name, source in b.datasets.items():
-        prompts[name] = file_prompts(source, tokenizer, target.template_kwargs, b.max_prompts)
+        try:
+            prompts[name] = file_prompts(source, tokenizer, target.template_kwargs, b.max_prompts)
+        except SourceError as err:
+            raise StageError(
+                f"benchmark.datasets.{name}: {err} (format {source.format!r}; a file of another "
+                f"format, or a wrong benchmark.datasets.{name}.format)"
+            ) from None
+        if not prompts[name]:
+            raise StageError(
+                f"benchmark.datasets.{name}: {source.path} holds no prompt (format "
+                f"{source.format!r})"
+            )
     if not any(prompts.values()):
         raise StageError(
             f"{eval_file}: no held-out prompts; raise merge.eval_fraction or add benchmark.datasets"
         )
     if b.mode == "sglang":
-        results = served_benchmark(prompts, b, stop_ids, target, drafter_dir)
+        try:
+            results = served_benchmark(prompts, b, stop_ids, target, drafter_dir)
+        except AuthError as err:
+            raise StageError(f"benchmark.sglang.api_key_env: {err}") from None
     else:
         results = in_process_benchmark(prompts, b, stop_ids, target, drafter_dir)
     write_json(results, report)

@@ -36,6 +36,7 @@ from .runtime.io import atomic_path
 from .target.canary import CanaryReport, compare, hf_reference, neighbourhood
 from .target.capture import Capture, config_facts
 from .target.model import load_causal_lm
+from .wiring import api_key
 
 
 def first_samples(merged_dir: Path, splits: list[str], k: int) -> list[list[int]]:
@@ -73,11 +74,12 @@ def served_reference(
     flags its launch needs for these indices."""
     if not c.url:
         raise StageError("extract.canary.url: the http reference needs the server's URL")
+    key = api_key(c.api_key_env, "extract.canary.api_key_env")
     with params_key("extract.canary"):
         ids = serving_layer_ids(architecture, indices, num_layers, sglang_version)["sglang"]
         print(f"[canary] the server at {c.url} must run with: {served_flags(ids)}")
         return torch.cat(
-            [served_aux(c.url, s, len(indices) * hidden, c.timeout_s) for s in samples]
+            [served_aux(c.url, s, len(indices) * hidden, c.timeout_s, key) for s in samples]
         )
 
 

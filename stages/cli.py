@@ -4,6 +4,7 @@ with one clear line (which file, row or key, and what would fix it) instead of a
 from __future__ import annotations
 
 import contextlib
+import errno
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +20,13 @@ PathOpt = Annotated[Path, typer.Option()]
 
 class StageError(RuntimeError):
     """A stage cannot go on; the message says why and what would fix it."""
+
+
+# OS errors a stage reports in one line: a full disk or quota, a folder it may not write, an
+# output folder another process holds (stages/runtime/io.py WriteFailed, OutputLocked)
+ONE_LINE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EBUSY}
+)
 
 
 @contextlib.contextmanager
@@ -39,10 +47,15 @@ def run(main: Callable) -> None:
     except (StageError, EngineError, ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
+    except OSError as err:
+        if err.errno not in ONE_LINE_ERRNOS:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     except typer.Exit as done:
         sys.exit(done.exit_code)
     except Exception as err:  # click usage errors and the like
-        if type(err).__module__.startswith("click"):
+        if type(err).__module__.startswith(("click", "typer")):  # typer vendors click too
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
         raise

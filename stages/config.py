@@ -8,6 +8,7 @@ default.
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -21,6 +22,27 @@ PARAMS_FILE = Path("params.yaml")
 
 class ParamsError(ValueError):
     """A params.yaml key is unknown, missing or of the wrong type."""
+
+
+# `api_key_env` names an environment variable, upper case as environment variables are by
+# convention: a key pasted there (mixed case, dashes, dots) is refused without being echoed.
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
+SECRET_NAME_KEYS = frozenset({"api_key_env"})  # their values are never repeated in an error
+
+
+def check_env_name(value: str | None, key: str) -> None:
+    if value is not None and not ENV_NAME.match(value):
+        raise ParamsError(
+            f"{key}: must be the NAME of the environment variable that holds the server's API "
+            f"key (upper-case letters, digits and _, e.g. SGLANG_API_KEY), never the key "
+            f"itself; the value given is not such a name (not shown: it may be a key). Put the "
+            f"key in the environment (`export SGLANG_API_KEY=...`) and its name here"
+        )
+
+
+# A dataset's name names its files (data/prompts/<name>.parquet, data/raw/<name>/) and stages
+# (prep@<name>): letters, digits, _, - and ., not starting with a dot.
+DATASET_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -111,6 +133,12 @@ class SGLangParams:
     backoff_s: float = 1.0  # first retry delay; doubles per retry, full jitter
     backoff_max_s: float = 60.0
     launch: SGLangLaunchParams | None = None  # None: use the servers already running at urls
+    # the NAME of the environment variable holding the servers' API key (SGLang's --api-key),
+    # sent as `Authorization: Bearer <key>`; None: no key. Never the key itself.
+    api_key_env: str | None = None
+
+    def __post_init__(self) -> None:
+        check_env_name(self.api_key_env, "generate.sglang.api_key_env")
 
 
 @dataclass(frozen=True)
@@ -182,8 +210,10 @@ class ExtractCanaryParams:
     hf_device: str = "cpu"  # where the hf reference runs (the GPUs hold the engine)
     max_rel_error: float = 0.05  # per layer: ||got - ref|| / ||ref|| over the samples' tokens
     timeout_s: float = 600.0  # per HTTP request
+    api_key_env: str | None = None  # the NAME of the env variable holding the server's key
 
     def __post_init__(self) -> None:
+        check_env_name(self.api_key_env, "extract.canary.api_key_env")
         if self.reference == "http" and not self.url:
             raise ParamsError("extract.canary.url: required when reference is http")
         if not self.max_rel_error > 0:
@@ -247,6 +277,10 @@ class BenchmarkSGLangParams:
     concurrency: int = 16  # requests in flight per server while measuring
     timeout_s: float = 3600.0  # longest wait for one reply
     max_retries: int = 2  # per request; retries are reported, since they cost throughput
+    api_key_env: str | None = None  # the NAME of the env variable holding the servers' key
+
+    def __post_init__(self) -> None:
+        check_env_name(self.api_key_env, "benchmark.sglang.api_key_env")
 
 
 @dataclass(frozen=True)
@@ -259,6 +293,27 @@ class BenchmarkParams:
     seed: int = 0
     datasets: dict[str, BenchmarkSource] = field(default_factory=dict)  # extra prompt files
     sglang: BenchmarkSGLangParams = field(default_factory=BenchmarkSGLangParams)
+
+
+@dataclass(frozen=True)
+class CardParams:
+    """The drafter's model card (Hugging Face front matter and title)."""
+
+    title: str | None = None  # None: "EAGLE-3 draft model for <target>"
+    base_model: str | None = None  # the target's Hugging Face id; None: its local path, no key
+    license: str = "apache-2.0"
+    tags: list[str] = field(
+        default_factory=lambda: ["eagle3", "speculative-decoding", "draft-model"]
+    )
+
+
+@dataclass(frozen=True)
+class ReportParams:
+    samples_per_dataset: int = 3  # sample records shown per dataset
+    prompt_tokens: int = 256  # the end of each sample's prompt shown, in tokens
+    max_chars: int = 4000  # per part of a sample (reasoning, answer, ...), the rest cut
+    max_failures: int = 100  # failed turns listed with their messages
+    card: CardParams = field(default_factory=CardParams)
 
 
 def _check(value: Any, tp: Any, key: str) -> Any:
@@ -312,7 +367,15 @@ def build(cls: type, raw: Any, key: str):
         raise ParamsError(f"{key}: unknown key(s) {unknown}; known keys: {sorted(fields)}")
     values = {}
     for name, f in fields.items():
-        if name in raw:
+        if name in raw and name in SECRET_NAME_KEYS:
+            try:
+                values[name] = _check(raw[name], hints[name], f"{key}.{name}")
+            except ParamsError:
+                raise ParamsError(
+                    f"{key}.{name}: expected the name of an environment variable (a string) or "
+                    f"null (the value is not shown: it may be a key)"
+                ) from None
+        elif name in raw:
             values[name] = _check(raw[name], hints[name], f"{key}.{name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ParamsError(f"{key}.{name}: required key is missing")
@@ -323,8 +386,18 @@ def load_params(path: Path | str = PARAMS_FILE) -> dict:
     path = Path(path)
     if not path.exists():
         raise ParamsError(f"{path}: not found; run from the project root or pass --params")
-    with open(path) as f:
-        raw = yaml.safe_load(f) or {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ParamsError(f"{path}: not valid YAML{where} ({problem}); fix the file") from None
+    except UnicodeDecodeError as err:
+        raise ParamsError(
+            f"{path}: not a YAML text file (not UTF-8 at byte {err.start}); is it the params file?"
+        ) from None
     if not isinstance(raw, dict):
         raise ParamsError(f"{path}: expected a mapping at the top level")
     return raw
@@ -340,7 +413,21 @@ def datasets(path: Path | str = PARAMS_FILE) -> dict[str, DatasetParams]:
     raw = load_params(path).get("datasets")
     if not raw:
         raise ParamsError(f"{path}:datasets: at least one dataset is required")
+    if isinstance(raw, dict):
+        for name in raw:
+            check_dataset_name(name, f"{path}:datasets")
     return _check(raw, dict[str, DatasetParams], f"{path}:datasets")
+
+
+def check_dataset_name(name: object, key: str) -> None:
+    """A dataset name is a file and stage name: no `/`, no `..`, no NUL or other control
+    character, nothing that would put a file outside data/prompts/ or data/raw/."""
+    if not isinstance(name, str) or not DATASET_NAME.match(name) or ".." in name:
+        raise ParamsError(
+            f"{key}: dataset name {name!r} cannot name files and stages (data/raw/<name>/, "
+            f"prep@<name>): use letters, digits, _, - and . (not first, and no '..'), at most "
+            f"128 characters"
+        )
 
 
 def dataset(name: str, path: Path | str = PARAMS_FILE) -> DatasetParams:

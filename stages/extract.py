@@ -15,10 +15,10 @@ one timed batch.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -26,12 +26,20 @@ import torch
 
 from . import config
 from .artifacts import hidden
-from .artifacts.hidden import ShardWriter, plan_shards, shard_done, shard_key, shard_rows
+from .artifacts.hidden import ShardWriter, plan_shards, shard_key, shard_problem, shard_rows
 from .cli import PathOpt, params_key, run
 from .drafter.layers import default_aux_indices
 from .runtime import parallel
 from .runtime.device import resolve_device
-from .runtime.io import Progress, remove_stale_temps, write_json
+from .runtime.io import (
+    Progress,
+    empty_dir,
+    output_lock,
+    remove_stale_temps,
+    remove_stale_temps_around,
+    remove_with_checksum,
+    write_json,
+)
 from .target.capture import Capture, HFCapture, Role, capture_shard, leading_rows, timed_rate
 from .target.features import FeatureBuffers
 from .target.model import load_causal_lm
@@ -93,6 +101,21 @@ def extract(
     rank: int = 0,
     world: int = 1,
 ) -> dict:
+    """Extract into `out_dir`, whose lock rank 0 holds throughout (a second extraction into the
+    same folder is refused)."""
+    lock = output_lock(out_dir, "extract") if rank == 0 else contextlib.nullcontext()
+    with lock:
+        return _extract(merged_dir, out_dir, params, target, rank, world)
+
+
+def _extract(
+    merged_dir: Path,
+    out_dir: Path,
+    params: config.ExtractParams,
+    target: config.TargetParams,
+    rank: int,
+    world: int,
+) -> dict:
     capture = build_capture(params, target, rank, world)
     role = capture.role
     indices = capture.aux_indices
@@ -133,7 +156,7 @@ def extract(
     if rank == 0:
         if stale:
             print("[extract] target, layers or storage settings changed: extracting again")
-            shutil.rmtree(out_dir)
+            empty_dir(out_dir)
         print(
             f"[extract] {total:,} tokens x {meta['bytes_per_token']:,} bytes/token = "
             f"{total * meta['bytes_per_token'] / 2**30:.2f} GiB in {len(plan)} shards "
@@ -143,11 +166,16 @@ def extract(
         remove_stale_temps(out_dir)  # before any rank writes: a killed run's half shards
         for old in hidden.shard_files(out_dir):
             if hidden.shard_number(old) >= len(plan):
-                old.unlink()
+                remove_with_checksum(old)
         write_json(meta, meta_path)
     _barrier(world)
     keys = [shard_key(fingerprint, shard) for shard in plan]
-    todo = [k for k in range(len(plan)) if not shard_done(hidden.shard_path(out_dir, k), keys[k])]
+    problems = shard_problems(out_dir, keys, rank, world)
+    todo = sorted(problems)
+    if rank == 0:
+        for k, problem in sorted(problems.items()):
+            if problem != "missing":
+                print(f"[extract] {hidden.shard_path(out_dir, k)}: {problem}; extracting it again")
     _barrier(world)  # every rank has its list before a shard is written: TP ranks must agree
     mine = [k for k in todo if k % role.groups == role.group]
     left = sum(r["length"] for k in todo for r in plan[k])
@@ -212,6 +240,21 @@ def extract(
     }
 
 
+def shard_problems(out_dir: Path, keys: list[str], rank: int, world: int) -> dict[int, str]:
+    """{shard: why it must be extracted} over the plan. Checking a shard reads it whole (its
+    sha256), so each rank checks the shards k % world == rank and the ranks share the results."""
+    mine = {
+        k: problem
+        for k in range(rank, len(keys), world)
+        if (problem := shard_problem(hidden.shard_path(out_dir, k), keys[k]))
+    }
+    if world == 1:
+        return mine
+    gathered: list[dict[int, str]] = [{} for _ in range(world)]
+    torch.distributed.all_gather_object(gathered, mine)
+    return {k: v for part in gathered for k, v in part.items()}
+
+
 def _engine_meta(engine: str, capture: Capture) -> dict:
     """What an engine other than hf adds to meta.json: its name, and for sglang its version and
     the layer ids it captured with."""
@@ -233,6 +276,8 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
     target = config.section(config.TargetParams, "target", params)
     rank, device = parallel.start(resolve_device(target.device))
     target = config.TargetParams(**{**target.__dict__, "device": str(device)})
+    if rank.main:
+        remove_stale_temps_around(report)  # the folder `out` is cleaned by extract() itself
     metrics = extract(merged, out, ext, target, rank.rank, rank.world)
     if rank.main:
         write_json(metrics, report)

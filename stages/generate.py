@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,16 +21,29 @@ import pyarrow.compute as pc
 
 from . import config
 from .artifacts.prompts import read_prompts
-from .artifacts.raw import RAW_SCHEMA, append_part, compact, last_turns, read_raw
+from .artifacts.raw import (
+    RAW_SCHEMA,
+    append_part,
+    compact,
+    drop_corrupt_parts,
+    last_turns,
+    read_raw,
+)
 from .cli import PathOpt, StageError, params_key, run
-from .engines import Completion, Sampling
+from .engines import AuthError, Completion, Sampling
 from .engines.monitor import Backlog, GenerationMonitor, run_backlog
 from .engines.turns import Output, RenderPrompt, TurnQueue
-from .runtime.io import remove_stale_temps, write_json
+from .runtime.io import (
+    empty_dir,
+    output_lock,
+    remove_stale_temps,
+    remove_stale_temps_around,
+    write_json,
+)
 from .target.history import HistoryRenderer
 from .target.tokenizer import pad_id
 from .target.tokens import TokenRoles, analyze_output
-from .wiring import target_fingerprint, target_roles, target_tokenizer
+from .wiring import api_key, target_fingerprint, target_roles, target_tokenizer
 
 
 def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
@@ -72,6 +84,7 @@ def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokeniz
                     s.launch, server_command(s.launch, target), "generate.sglang.launch"
                 ).url
             ]
+        key = api_key(s.api_key_env, "generate.sglang.api_key_env")
         with params_key("generate.sglang"):
             return SGLangEngine(
                 urls,
@@ -81,6 +94,7 @@ def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokeniz
                 s.max_retries,
                 s.backoff_s,
                 s.backoff_max_s,
+                api_key=key,
             )
     raise StageError(f"generate.engine: {gen.engine!r} is not one of 'hf', 'sglang'")
 
@@ -136,21 +150,46 @@ def generate_dataset(
     engine=None,
     others: Sequence[Backlog] = (),
 ) -> dict:
+    """Generate into `out_dir`, holding its lock: a second generation into the same folder is
+    refused. A server that refuses the API key fails naming generate.sglang.api_key_env."""
+    with output_lock(out_dir, f"generate {name}"):
+        try:
+            return _generate_dataset(
+                name, prompts_path, out_dir, gen, budget_tokens, target, engine, others
+            )
+        except AuthError as err:
+            raise StageError(f"generate.sglang.api_key_env: {err}") from None
+
+
+def _generate_dataset(
+    name: str,
+    prompts_path: Path,
+    out_dir: Path,
+    gen: config.GenerateParams,
+    budget_tokens: int,
+    target: config.TargetParams,
+    engine,
+    others: Sequence[Backlog],
+) -> dict:
     tokenizer = target_tokenizer(target)
     roles = target_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
     prompts, settings = read_prompts(prompts_path)
     fp = fingerprint(target, sampling, settings.regenerate)
 
-    existing = read_raw(out_dir)
-    if existing.num_rows and set(existing.column("fingerprint").to_pylist()) != {fp}:
-        print(
-            f"[generate {name}] model, template, sampling or regenerate mode changed: "
-            f"regenerating {name}"
-        )
-        shutil.rmtree(out_dir)
-        existing = RAW_SCHEMA.empty_table()
     remove_stale_temps(out_dir)
+    for part, problem in drop_corrupt_parts(out_dir):
+        print(f"[generate {name}] {part}: {problem}; removed, its turns are generated again")
+    existing = read_raw(out_dir)
+    found = sorted(set(existing.column("fingerprint").to_pylist()))
+    if existing.num_rows and found != [fp]:
+        print(
+            f"[generate {name}] the raw data in {out_dir} was generated under fingerprint(s) "
+            f"{', '.join(map(str, found))}, this run's is {fp}: the model, template, sampling or "
+            f"regenerate mode changed, so {name} is generated again from the start"
+        )
+        empty_dir(out_dir)
+        existing = RAW_SCHEMA.empty_table()
     wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
     existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
     used = pc.sum(existing.column("completion_tokens")).as_py() or 0
@@ -185,6 +224,7 @@ def generate_dataset(
             used,
             others,
             getattr(engine, "urls", ()),
+            api_key=getattr(engine, "api_key", None),
         )
         buffer: list[dict] = []
         for done in engine.generate(requests(), sampling):
@@ -236,6 +276,7 @@ def main(
     budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}
     gen = config.section(config.GenerateParams, "generate", params)
     target = config.section(config.TargetParams, "target", params)
+    remove_stale_temps_around(out, report)
     metrics = generate_dataset(
         dataset,
         prompts,

@@ -15,10 +15,16 @@ from pathlib import Path
 
 from . import config
 from .artifacts import merged
-from .artifacts.raw import parts
+from .artifacts.raw import verified_parts
 from .cli import PathOpt, StageError, run
 from .queries import open_samples, rows, sql
-from .runtime.io import atomic_path, write_json
+from .runtime.io import (
+    ChecksumError,
+    atomic_path,
+    output_lock,
+    remove_stale_temps_around,
+    write_json,
+)
 
 COUNTS = (
     "samples",  # training sequences
@@ -33,7 +39,13 @@ COUNTS = (
 
 
 def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> dict:
-    files = [str(p) for d in raw_dirs for p in parts(d)]
+    try:
+        files = [str(p) for d in raw_dirs for p in verified_parts(d)]
+    except ChecksumError as err:
+        raise StageError(
+            f"merge: {err}; rerun generate for its dataset, which drops a damaged part and "
+            f"generates its turns again"
+        ) from None
     if not files:
         raise StageError(
             f"merge: no raw generations under {[str(d) for d in raw_dirs]}; "
@@ -78,8 +90,10 @@ def main(raw: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.PARA
     """Merge, dedupe, shuffle and split all generated datasets (raw dir -> merged dir)."""
     merge_params = config.section(config.MergeParams, "merge", params)
     names = sorted(config.datasets(params))
-    metrics = merge([raw / n for n in names], out, merge_params)
-    write_json(metrics, report)
+    with output_lock(out, "merge"):
+        remove_stale_temps_around(out, report)
+        metrics = merge([raw / n for n in names], out, merge_params)
+        write_json(metrics, report)
     print(f"[merge] {metrics['summary']}")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from . import config
 from .artifacts.prompts import PromptSettings, write_prompts
 from .cli import PathOpt, StageError, run
-from .runtime.io import write_json
+from .runtime.io import remove_stale_temps_around, write_json
 from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
 from .target.template import ChatTemplate, TemplateError
 from .wiring import target_roles, target_tokenizer
@@ -158,6 +158,7 @@ def main(dataset: str, out: PathOpt, report: PathOpt, params: Path = config.PARA
     """Build the prompt ids of one dataset."""
     ds = config.dataset(dataset, params)
     target = config.section(config.TargetParams, "target", params)
+    remove_stale_temps_around(out, report)
     counts = prepare(dataset, ds.prep, ds.expect, target, out, report)
     print(f"[prep {dataset}] " + "  ".join(f"{k} {v}" for k, v in counts.items()))
 

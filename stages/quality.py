@@ -16,10 +16,16 @@ from decimal import Decimal
 from pathlib import Path
 
 from . import config
-from .artifacts.raw import parts
+from .artifacts.raw import verified_parts
 from .cli import PathOpt, StageError, run
 from .queries import open_samples, rows
-from .runtime.io import write_csv, write_json, write_text
+from .runtime.io import (
+    ChecksumError,
+    remove_stale_temps_around,
+    write_csv,
+    write_json,
+    write_text,
+)
 
 HISTOGRAM_COLUMNS = ["dataset", "measure", "bucket", "bucket_start", "samples"]
 QUESTIONS = (
@@ -34,7 +40,13 @@ QUESTIONS = (
 
 
 def answer(raw_dirs: dict[str, Path], budgets: dict[str, int], buckets: int) -> dict:
-    files = [str(p) for d in raw_dirs.values() for p in parts(d)]
+    try:
+        files = [str(p) for d in raw_dirs.values() for p in verified_parts(d)]
+    except ChecksumError as err:
+        raise StageError(
+            f"quality: {err}; rerun generate for its dataset, which drops a damaged part and "
+            f"generates its turns again"
+        ) from None
     if not files:
         raise StageError(f"quality: no raw generations under {sorted(map(str, raw_dirs.values()))}")
     con = open_samples(files)
@@ -197,6 +209,7 @@ def main(
     """Answer the quality questions and apply the gate."""
     q = config.section(config.QualityParams, "quality", params)
     datasets = config.datasets(params)
+    remove_stale_temps_around(report, summary, plot)
     answers = answer(
         {n: raw_dir / n for n in datasets},
         {n: d.generate.budget_tokens for n, d in datasets.items()},

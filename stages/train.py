@@ -3,16 +3,17 @@
 Reads params `train` (and the target path from `target`). Resumes from
 models/checkpoints/last.pt; keeps models/checkpoints/best.pt by replayed acceptance length on the
 eval split; exports the best to models/drafter/ in SGLang's LlamaForCausalLMEagle3 format
-(checked key by key). Writes reports/train.json, reports/plots/train_loss.csv and
+(checked key by key). Writes reports/train.json, reports/plots/train_loss.csv,
+reports/plots/train_evals.csv (replayed and simulated tau per evaluation) and
 reports/plots/train_acceptance.csv. Under torchrun it trains data-parallel (DDP).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
-import shutil
 from pathlib import Path
 
 import torch
@@ -29,7 +30,16 @@ from .drafter.model import Eagle3Config, Eagle3Drafter, rope_serving_problem
 from .drafter.training import LoopSettings, Objective, train
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
-from .runtime.io import remove_stale_temps, write_csv, write_json
+from .runtime.io import (
+    ChecksumError,
+    empty_dir,
+    output_lock,
+    remove_stale_temps,
+    remove_stale_temps_around,
+    verify_checksum,
+    write_csv,
+    write_json,
+)
 from .target.weights import embedding_and_head
 
 
@@ -64,9 +74,12 @@ def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
     )
 
 
-# What a checkpoint holds; raise it when that changes (2: evaluations carry replayed_tau), so
-# that older checkpoints start the run over instead of failing to resume.
-CHECKPOINT_FORMAT = 2
+# The evaluations' figures per step, for the report and `dvc plots`
+EVAL_COLUMNS = ("step", "replayed_tau", "simulated_tau")
+# What a checkpoint holds; raise it when that changes (2: evaluations carry replayed_tau; 3:
+# a size and sha256 beside each), so that older checkpoints start the run over instead of failing
+# to resume.
+CHECKPOINT_FORMAT = 3
 
 
 def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
@@ -79,7 +92,7 @@ def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
             f"[train] params, features, vocab or checkpoint format changed: starting over "
             f"in {checkpoint_dir}"
         )
-        shutil.rmtree(checkpoint_dir)
+        empty_dir(checkpoint_dir)  # all but the lock this process holds
     remove_stale_temps(checkpoint_dir)  # a killed run's half-saved checkpoint
     write_json(run, run_file)
 
@@ -97,6 +110,46 @@ def main(
     p = config.section(config.TrainParams, "train", params)
     target = config.section(config.TargetParams, "target", params)
     rank, device = parallel.start(resolve_device(p.device))
+    # rank 0 holds the checkpoint folder's lock for the whole run: a second training writing the
+    # same checkpoints is refused
+    with output_lock(checkpoint_dir, "train") if rank.main else contextlib.nullcontext():
+        if rank.main:
+            # what a killed run left half-written: checkpoints, `models/.drafter.tmp-<pid>`,
+            # reports and plots
+            remove_stale_temps_around(checkpoint_dir, out_dir, report, plots / "train_loss.csv")
+        try:
+            _train(
+                p,
+                target,
+                rank,
+                device,
+                hidden_dir,
+                vocab_file,
+                checkpoint_dir,
+                out_dir,
+                report,
+                plots,
+            )
+        except ChecksumError as err:
+            raise StageError(
+                f"{err}; a shard: rerun extract (it extracts a damaged shard again); a "
+                f"checkpoint: delete it to train from the start, or restore it"
+            ) from None
+    parallel.stop(rank)
+
+
+def _train(
+    p: config.TrainParams,
+    target: config.TargetParams,
+    rank: parallel.Rank,
+    device: torch.device,
+    hidden_dir: Path,
+    vocab_file: Path,
+    checkpoint_dir: Path,
+    out_dir: Path,
+    report: Path,
+    plots: Path,
+) -> None:
     if device.type == "cpu":
         set_cpu_threads(p.cpu_threads)
     if p.batch_size % rank.world:
@@ -120,6 +173,10 @@ def main(
     eval_set = HiddenStates(hidden_dir, "eval", p.max_length)
     if not len(train_set):
         raise StageError(f"{hidden_dir / hidden.INDEX}: no train samples; check extract.splits")
+    # every shard is the file extract wrote (size and sha256) before a step uses it; each rank
+    # reads its share once
+    shards = sorted({r["shard"] for r in train_set.rows + eval_set.rows})
+    hidden.verify_shards(hidden_dir, shards[rank.rank :: rank.world])
     s = settings(p, len(train_set))
     if rank.main:
         start_or_resume(
@@ -142,13 +199,10 @@ def main(
     history = train(objective, train_set, eval_set, s, checkpoint_dir, device, rank)
     if rank.main:
         best_path = checkpoint_dir / "best.pt"
-        best = torch.load(
-            best_path if best_path.exists() else checkpoint_dir / "last.pt",
-            map_location="cpu",
-            weights_only=True,
-        )
+        chosen = best_path if best_path.exists() else checkpoint_dir / "last.pt"
+        verify_checksum(chosen)
+        best = torch.load(chosen, map_location="cpu", weights_only=True)
         drafter.load_state_dict(best["model"])
-        remove_stale_temps(out_dir.parent)  # a killed export's half-written directory
         with params_key("train.sglang_version"):
             export_drafter(
                 drafter.cpu(),
@@ -174,6 +228,11 @@ def main(
         }
         write_json(metrics, report)
         write_csv(history.steps, plots / "train_loss.csv")
+        write_csv(
+            [{k: e[k] for k in EVAL_COLUMNS} for e in history.evals],
+            plots / "train_evals.csv",
+            list(EVAL_COLUMNS),
+        )
         if best_eval:
             write_csv(
                 [
@@ -188,7 +247,6 @@ def main(
                 plots / "train_acceptance.csv",
             )
         print(f"[train] {metrics}")
-    parallel.stop(rank)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from .artifacts.merged import split_path
 from .cli import PathOpt, StageError, run
 from .drafter.vocab import build_draft_vocab
 from .queries import rows
-from .runtime.io import atomic_path, write_json
+from .runtime.io import atomic_path, remove_stale_temps_around, write_json
 
 
 def supervised_counts(train_file: Path, vocab_size: int) -> torch.Tensor:
@@ -39,6 +39,7 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
     train_file = split_path(merged, "train")
     vocab = config.section(config.VocabParams, "vocab", params)
     target = config.section(config.TargetParams, "target", params)
+    remove_stale_temps_around(out, report)
     vocab_size = (
         AutoConfig.from_pretrained(
             target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
@@ -55,7 +56,7 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
     d2t, t2d, used = build_draft_vocab(counts, vocab.draft_vocab_size)
     total = int(counts.sum())
     covered = int(counts[t2d].sum())
-    with atomic_path(out) as tmp:
+    with atomic_path(out, (d2t.numel() + counts.numel()) * 8 + t2d.numel()) as tmp:
         save_file({"d2t": d2t, "t2d": t2d, "counts": counts}, str(tmp))
     metrics = {
         "draft_vocab_size": vocab.draft_vocab_size,

@@ -1,10 +1,12 @@
 """Library objects built from params, shared by the stages: the target's tokenizer, roles and
-fingerprint."""
+fingerprint, and the API key a params key names."""
 
 from __future__ import annotations
 
+import os
+
 from . import config
-from .cli import params_key
+from .cli import StageError, params_key
 from .target.tokenizer import load_tokenizer, model_fingerprint
 from .target.tokens import TokenRoles, learn_roles
 
@@ -24,3 +26,18 @@ def target_fingerprint(target: config.TargetParams) -> str:
     return model_fingerprint(
         target.path, target.chat_template, [target.template_kwargs, target.roles, target.dtype]
     )
+
+
+def api_key(env_name: str | None, key: str) -> str | None:
+    """The API key held by the environment variable `env_name` (params `key` names the variable,
+    never the key); None when no variable is named. An unset or empty variable fails naming it."""
+    if env_name is None:
+        return None
+    value = os.environ.get(env_name, "")
+    if not value.strip():
+        raise StageError(
+            f"{key}: the environment variable {env_name} is not set (or empty); export the "
+            f"server's API key in it (e.g. `read -rs {env_name} && export {env_name}`), or set "
+            f"{key} to null for a server without --api-key"
+        )
+    return value.strip()

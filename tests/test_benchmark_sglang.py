@@ -504,3 +504,29 @@ def test_server_facts_read_server_info(servers):
     assert facts["model_path"] == str(STORIES)
     assert (facts["speculative_algorithm"], facts["speculative_eagle_topk"]) == ("EAGLE3", 1)
     assert server_facts(f"http://127.0.0.1:{free_port()}") == {}  # nothing listening
+
+
+@pytest.mark.shared(STORIES_REL)
+@pytest.mark.integration
+@pytest.mark.slow
+def test_servers_with_an_api_key_are_measured_and_the_key_is_in_no_report(
+    tmp_path, target, eval_file, drafter_dir, servers, monkeypatch
+):
+    secret, variable = "sk-Bench-s3cret-0123456789", "EAGLE_TEST_BENCH_KEY"
+    spec, plain = servers
+    monkeypatch.setattr(spec, "api_key", secret)  # as `--api-key`: /server_info lists it too
+    monkeypatch.setattr(plain, "api_key", secret)
+    monkeypatch.setenv(variable, secret)
+    urls = dict(spec_url=spec.url, base_url=plain.url, api_key_env=variable)
+    for run in ("right", "wrong"):
+        (tmp_path / run).mkdir()
+    report = run_stage(tmp_path / "right", target, eval_file, drafter_dir, **urls)
+    assert report["servers"]["spec"]["speculative_algorithm"] == "EAGLE3"
+    assert report["temperatures"]["0.0"]["verify_steps"] > 0
+    monkeypatch.setenv(variable, "sk-not-the-key")
+    with pytest.raises(StageError) as err:
+        run_stage(tmp_path / "wrong", target, eval_file, drafter_dir, **urls)
+    assert str(err.value).startswith("benchmark.sglang.api_key_env: http://127.0.0.1:")
+    assert "HTTP 401" in str(err.value) and "sk-not-the-key" not in str(err.value)
+    for path in tmp_path.rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path

@@ -35,6 +35,7 @@ from stages.cli import StageError
 from stages.engines import sglang_capture
 from stages.engines.served_hidden import prefill_aux
 from stages.extract import build_capture, extract
+from stages.runtime.io import CHECKSUM_SUFFIX
 from stages.target import canary as canary_math
 from stages.target.capture import (
     Capture,
@@ -481,8 +482,9 @@ def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(targets, tmp_path):
     shards = [p.name for p in hidden.shard_files(out)]
     assert len(shards) >= 3
     assert written(1) == []  # the second TP rank ran every forward and wrote nothing
+    checked = shards + ["index.parquet"]  # each with its size and sha256 beside it
     assert sorted(n for n in written(0) if n != "extract.json") == sorted(
-        shards + ["index.parquet", "meta.json"]
+        checked + [name + CHECKSUM_SUFFIX for name in checked] + ["meta.json"]
     )
     fake_records = [
         [json.loads(line) for line in (tmp_path / f"fake-{r}.jsonl").read_text().splitlines()]

@@ -50,6 +50,7 @@ STAGE_OUTPUTS = {  # what each stage of the pipeline writes, relative to the pro
         "reports/train.json",
     ],
     "benchmark": ["reports/benchmark.json"],
+    "report": ["reports/index.html", "reports/metrics.json", "models/card/README.md"],
 }
 
 

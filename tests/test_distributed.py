@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from stages.drafter.vocab import build_draft_vocab
+from stages.runtime.io import CHECKSUM_SUFFIX
 from stages.runtime.parallel import NCCL_ENV
 from tests.conftest import ROOT, STORIES, STORIES_REL
 
@@ -210,9 +211,12 @@ def test_extract_under_torchrun_equals_one_process(runs):
     _, record = runs[f"extract-{WORLD}"]
     for rank in range(WORLD):
         written = [p.name for p in writes(record, rank) if p.parent == many]
+        mine = [s for k, s in enumerate(shards) if k % WORLD == rank]
+        checked = mine + (["index.parquet"] if rank == 0 else [])
         assert sorted(written) == sorted(
-            [s for k, s in enumerate(shards) if k % WORLD == rank]
-            + (["index.parquet", "meta.json"] if rank == 0 else [])
+            checked
+            + [name + CHECKSUM_SUFFIX for name in checked]  # each file's size and sha256
+            + (["meta.json"] if rank == 0 else [])
         )
 
 
@@ -266,7 +270,7 @@ def test_two_process_checkpoint_resumes_in_one_process(runs):
         if path.parent == source:
             resumed.mkdir(exist_ok=True)
             shutil.copyfile(record / f"0-{n}-{path.name}", resumed / path.name)
-            if path.name == "last.pt":
+            if path.name == "last.pt" + CHECKSUM_SUFFIX:  # put in place after the checkpoint
                 break
     assert torch.load(resumed / "last.pt", weights_only=True)["state"]["step"] == 3
     output, _ = stage("stages.train", train_args(tmp, "resumed"), tmp)

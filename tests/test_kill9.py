@@ -25,8 +25,9 @@ import torch
 import yaml
 
 from stages.artifacts.raw import parts, read_raw
-from stages.runtime.io import remove_stale_temps, temp_path
+from stages.runtime.io import checksum_path, checksum_problem, remove_stale_temps, temp_path
 from tests.conftest import ROOT, STORIES_REL
+from tests.reliability import leftovers
 from tests.test_distributed import (
     stage,
     stage_env,
@@ -73,11 +74,18 @@ def temps(directory: Path) -> list[Path]:
 
 
 def assert_kill_left(directory: Path, pattern: str, complete: int, pid: int) -> None:
-    """The kill left `complete` whole files matching `pattern` (the first ones, in order) and the
-    next one as the killed process's temp file."""
+    """The kill left `complete` whole files matching `pattern` (the first ones, in order, each
+    with its checksum) and the next one as the killed process's temp files (the file and its
+    recorded checksum, renamed after it)."""
     names = [pattern.replace("*", f"{i:05d}") for i in range(complete + 1)]
     assert sorted(p.name for p in directory.glob(pattern)) == names[:-1]
-    assert temps(directory) == [temp_path(directory / names[-1], pid)]
+    assert all(checksum_problem(directory / name) is None for name in names[:-1])
+    assert temps(directory) == killed_temps(directory / names[-1], pid)
+
+
+def killed_temps(final: Path, pid: int) -> list[Path]:
+    """The temp files process `pid` had open when killed in the rename of `final`."""
+    return sorted([temp_path(final, pid), temp_path(checksum_path(final), pid)])
 
 
 def running_writers_temp(directory: Path) -> Path:
@@ -209,7 +217,7 @@ def test_train_killed_then_rerun(work):
     pid = kill_in_write(
         "stages.train", train_args(work, "killed"), work, checkpoints / "last.pt", k
     )
-    assert temps(checkpoints) == [temp_path(checkpoints / "last.pt", pid)]
+    assert temps(checkpoints) == killed_temps(checkpoints / "last.pt", pid)
     step = torch.load(checkpoints / "last.pt", weights_only=True)["state"]["step"]
     assert step == CHECKPOINT_EVERY * (k - 1) and not (work / "drafter-killed").exists()
     live = running_writers_temp(checkpoints)
@@ -235,3 +243,35 @@ def test_train_killed_then_rerun(work):
         for run in ("ref", "killed")
     )
     assert {**ref, "tokens_per_s": 0} == {**resumed, "tokens_per_s": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.shared(STORIES_REL)
+@pytest.mark.parametrize(
+    "module, output",
+    [
+        ("stages.train", "drafter-{run}"),  # the export: models/.drafter.tmp-<pid>/
+        ("stages.train", "reports-{run}/train.json"),
+        ("stages.generate", "reports-{run}/d.json"),
+    ],
+)
+def test_killed_in_any_output_the_rerun_leaves_no_temp_file(work, prompts, module, output):  # noqa: F811
+    """kill -9 inside the write of the export and of the reports (the outputs besides shards,
+    parts and checkpoints): the tree then holds the killed writer's temp files and its folder
+    lock; the rerun removes them and completes; the tree then holds neither, anywhere."""
+    (work / "prompts").mkdir(exist_ok=True)
+    shutil.copyfile(prompts, work / "prompts" / "d.parquet")
+    run = f"{module.split('.')[1]}-{Path(output).stem.split('-')[0]}"
+    final = work / output.format(run=run)
+    args = train_args(work, run) if module == "stages.train" else generate_args(work, run)
+    pid = kill_in_write(module, args, work, final, 1)
+    mine = [p for p in leftovers(work) if run in p]  # the tree's temp files and locks
+    temp = str(temp_path(final, pid).relative_to(work))
+    assert temp in [p.rstrip("/") for p in mine], mine
+    if module == "stages.train":  # the whole run holds the checkpoint folder's lock
+        assert f"checkpoints-{run}/.stage.lock" in mine
+    assert not final.exists()
+    stage(module, args, work)
+    assert final.exists()
+    assert leftovers(work) == []

@@ -26,6 +26,7 @@ LAYERS: dict[str, set[str]] = {
     "target": {"runtime"},
     "drafter": {"runtime", "artifacts"},
     "engines": {"runtime", "artifacts", "target", "drafter"},
+    "reporting": {"target"},
     "demo": set(),
 }
 SQL_CALL = re.compile(r"\b(?:sql|rows)\(\s*(?:\w+,\s*)?[\"'](\w+)[\"']")

@@ -5,6 +5,9 @@ loss_mask [T] for consecutive samples, with a `shard_key` in its metadata (the s
 exact samples: a shard counts as done only when its key matches); `index.parquet` says where each
 sample is (sample_id, split, shard, offset, length); `meta.json` records the HF hidden-state
 indices captured and the serving layer ids. Shards are the unit of resume and of work per rank.
+Each shard and the index have their size and sha256 beside them (`<name>.sha256.json`, the shard
+bytes themselves as they always were): a shard counts as done only when it is the file that was
+written, and training checks every shard before it starts (`verify_shards`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..runtime.io import atomic_path, write_parquet
+from ..runtime.io import atomic_path, checksum_problem, verify_checksum, write_parquet
 from . import merged
 
 FIELDS = ("aux", "last", "input_ids", "loss_mask")
@@ -89,11 +92,32 @@ def shard_key(fingerprint: str, shard: list[dict]) -> str:
 
 
 def shard_done(path: Path, key: str) -> bool:
-    """A shard counts as done only when it exists and holds exactly the planned samples."""
+    """A shard counts as done only when it exists, is the file that was written (size and
+    sha256) and holds exactly the planned samples."""
+    return shard_problem(path, key) is None
+
+
+def shard_problem(path: Path, key: str) -> str | None:
+    """Why the shard at `path` must be extracted (again): missing, not the file that was written
+    (truncated, corrupted: a machine crash), or other samples or settings; None when it is done."""
     if not path.exists():
-        return False
-    with safe_open(str(path), "pt") as f:
-        return (f.metadata() or {}).get("shard_key") == key
+        return "missing"
+    problem = checksum_problem(path)
+    if problem:
+        return problem
+    try:
+        with safe_open(str(path), "pt") as f:
+            found = (f.metadata() or {}).get("shard_key")
+    except Exception as err:  # safetensors' own error type: a header it cannot read
+        return f"unreadable ({err})"
+    return None if found == key else "written for other samples or settings"
+
+
+def verify_shards(hidden_dir: Path | str, shards: list[int]) -> None:
+    """Check that every shard in `shards` is the file extract wrote (size and sha256); a
+    ChecksumError names the first that is not."""
+    for k in shards:
+        verify_checksum(shard_path(hidden_dir, k))
 
 
 def loss_mask(rows: list[dict]) -> torch.Tensor:
@@ -125,7 +149,7 @@ def write_index(hidden_dir: Path, plan: list[list[dict]]) -> int:
                 )
             )
             offset += r["length"]
-    write_parquet(pa.Table.from_pylist(index), Path(hidden_dir) / INDEX)
+    write_parquet(pa.Table.from_pylist(index), Path(hidden_dir) / INDEX, checksum=True)
     return len(index)
 
 
@@ -144,7 +168,8 @@ class ShardWriter:
 
     @staticmethod
     def _write(tensors: dict[str, torch.Tensor], path: Path, metadata: dict) -> None:
-        with atomic_path(path) as tmp:
+        size = sum(t.numel() * t.element_size() for t in tensors.values())
+        with atomic_path(path, size, checksum=True) as tmp:
             save_file(tensors, str(tmp), metadata=metadata)
 
     def wait(self) -> None:
@@ -170,6 +195,7 @@ class HiddenStates:
         index_path = self.directory / INDEX
         if not index_path.exists():
             raise FileNotFoundError(f"{index_path}: no hidden-state index; run the extract stage")
+        verify_checksum(index_path)
         index = pq.read_table(index_path).to_pylist()
         self.rows = [r for r in index if r["split"] == split]
         self.max_length = max_length

@@ -6,6 +6,9 @@ with `regenerate: all_turns` turn k+1's prompt holds turn k's prompt and output
 conversation so far (target/history.py). `regenerate` records which, per row, for the merge. A
 generation run appends a part every few replies, so a kill loses at most the requests in flight;
 the rerun reads the parts, skips what is done and compacts them into one part when it completes.
+Each part has its size and sha256 beside it (`part-NNNNN.parquet.sha256.json`): a part truncated or
+corrupted after it was written (a machine crash) is found before it is read (`verified_parts`),
+and a generation rerun drops it and generates its turns again (`drop_corrupt_parts`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..runtime.io import write_parquet
+from ..runtime.io import checksum_problem, remove_with_checksum, verify_checksum, write_parquet
 
 RAW_SCHEMA = pa.schema(
     [
@@ -53,6 +56,27 @@ def parts(directory: Path) -> list[Path]:
     return sorted(p for p in Path(directory).glob("part-*.parquet") if _PART.search(p.name))
 
 
+def verified_parts(directory: Path) -> list[Path]:
+    """The parts, each checked against its recorded size and sha256; ChecksumError names the
+    first one that is not what was written."""
+    files = parts(directory)
+    for f in files:
+        verify_checksum(f)
+    return files
+
+
+def drop_corrupt_parts(directory: Path) -> list[tuple[Path, str]]:
+    """Remove the parts that are not what was written (truncated, bit-flipped, no checksum), so
+    their turns count as not generated; (part, why) for each."""
+    dropped = []
+    for f in parts(directory):
+        problem = checksum_problem(f)
+        if problem:
+            remove_with_checksum(f)
+            dropped.append((f, problem))
+    return dropped
+
+
 def read_raw(directory: Path) -> pa.Table:
     """All rows of the parts, the first copy of each sample's turn kept."""
     files = parts(directory)
@@ -80,7 +104,7 @@ def append_part(directory: Path, table: pa.Table) -> Path:
     existing = parts(directory)
     index = _part_number(existing[-1]) + 1 if existing else 0
     path = directory / f"part-{index:05d}.parquet"
-    write_parquet(table.cast(RAW_SCHEMA), path)
+    write_parquet(table.cast(RAW_SCHEMA), path, checksum=True)
     return path
 
 
@@ -91,7 +115,7 @@ def compact(directory: Path, table: pa.Table) -> None:
     new = append_part(directory, table)
     for p in old:
         if p != new:
-            p.unlink()
+            remove_with_checksum(p)
 
 
 def last_turns(

@@ -183,7 +183,8 @@ def export_drafter(
         cfg, target_config, drafter.fc.weight.dtype, sglang_version=sglang_version
     )
     out_dir = Path(out_dir)
-    with atomic_path(out_dir) as tmp:
+    size = sum(t.numel() * t.element_size() for t in state.values())
+    with atomic_path(out_dir, size) as tmp:
         tmp.mkdir()
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
@@ -221,6 +222,24 @@ def check_export(
         raise ExportError(
             f"{out_dir} would load wrongly in the serving engines:\n  - " + "\n  - ".join(problems)
         )
+
+
+def check_exported(out_dir: Path | str, target_config: Any) -> None:
+    """check_export for a drafter read back from disk alone: the trained layers and the SGLang
+    version it was written for are taken from its config.json."""
+    out_dir = Path(out_dir)
+    path = out_dir / CONFIG_FILE
+    if not path.exists():
+        raise ExportError(f"{out_dir}: missing {CONFIG_FILE}; is it an exported drafter?")
+    try:
+        project = json.loads(path.read_text()).get(PROJECT_KEY) or {}
+        trained = [int(i) for i in project["aux_hidden_state_hf_indices"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ExportError(
+            f"{path}: no {PROJECT_KEY}.aux_hidden_state_hf_indices ({e!r}); not exported by "
+            f"this project, or damaged"
+        ) from None
+    check_export(out_dir, target_config, trained, sglang_version=project.get("sglang_version"))
 
 
 def _config_problems(

@@ -9,7 +9,6 @@ Plain torch; DistributedDataParallel when launched by torchrun. The step itself 
 from __future__ import annotations
 
 import math
-import os
 import queue
 import threading
 import time
@@ -22,6 +21,7 @@ import torch
 from torch import nn
 
 from ..artifacts.hidden import HiddenStates, collate
+from ..runtime.io import atomic_path, verify_checksum
 from ..runtime.parallel import Rank
 from .model import Eagle3Drafter
 from .ttt import TTTMetrics, ttt_forward
@@ -254,6 +254,7 @@ def train(
     history = History()
     last = checkpoint_dir / "last.pt"
     if last.exists():
+        verify_checksum(last)  # a checkpoint a machine crash cut short is named, not loaded
         ckpt = torch.load(last, map_location="cpu", weights_only=True)
         drafter.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
@@ -400,7 +401,17 @@ def _to(batch: dict, device: torch.device) -> dict:
 
 
 def _save(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """Atomically, synced, with its size and sha256 beside it (checked when it is loaded)."""
+    with atomic_path(path, _tensor_bytes(obj), checksum=True) as tmp:
+        torch.save(obj, tmp)
+
+
+def _tensor_bytes(obj) -> int:
+    """The bytes of the tensors in `obj`: about what torch.save writes."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0

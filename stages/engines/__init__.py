@@ -19,6 +19,34 @@ class EngineError(RuntimeError):
     """An engine or its server cannot go on; the message names the server and the fix."""
 
 
+class AuthError(EngineError):
+    """A server refused the request for its API key (HTTP 401 or 403): none was sent and the
+    server wants one, or the one sent is not the server's. The key itself is never in the text."""
+
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """The `Authorization: Bearer <key>` header SGLang's --api-key checks; none without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def redact(text: str, secret: str | None) -> str:
+    """`text` with every occurrence of `secret` (an API key) replaced: a server that echoes a
+    request's headers in its error must not put the key into a log, a report or the raw data."""
+    return text.replace(secret, "<api key>") if secret else text
+
+
+def auth_failure(url: str, status: int, answer: str, api_key: str | None) -> AuthError:
+    """The error for a 401/403 from `url`, saying whether a key was sent (never which)."""
+    sent = (
+        "the server refused the API key sent (api_key): check that it is the key the server "
+        "was launched with (--api-key)"
+        if api_key
+        else "no API key was sent (api_key is None) and the server wants one (it was launched "
+        "with --api-key)"
+    )
+    return AuthError(f"{url} answered HTTP {status} ({redact(answer, api_key)}): {sent}")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Every sampling value, sent explicitly: servers do not apply generation_config.json."""

@@ -266,8 +266,11 @@ class HFServer:
         faults: Faults | None = None,
         gather_s: float = 0.005,
         speculative: Speculative | None = None,
+        api_key: str | None = None,
     ):
         self.engine, self.model_path, self.eos_ids = engine, model_path, tuple(eos_ids)
+        self.api_key = api_key  # as SGLang's --api-key: a bearer token on every route but
+        # /health and /metrics, else 401
         self.speculative = speculative
         self._context_length = context_length
         self.max_running = max_running_requests or (engine.batch_size if engine else 16)
@@ -424,7 +427,17 @@ class HFServer:
             "context_length": self.context_length if self.engine else None,
             **flags,
             "version": f"hf_server (transformers {transformers.__version__})",
+            "api_key": self.api_key,  # SGLang's /server_info lists every server arg, this too
         }
+
+    def authorized(self, path: str, authorization: str | None) -> bool:
+        """As SGLang's API-key middleware: /health* and /metrics* open, the rest needs the key."""
+        if not self.api_key or path.startswith(("/health", "/metrics")):
+            return True
+        if authorization == f"Bearer {self.api_key}":
+            return True
+        self._count("unauthorized")
+        return False
 
     def metrics(self) -> str:
         """Prometheus text with the gauges SGLang exposes under --enable-metrics."""
@@ -531,7 +544,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         app = self.server.app
-        if self.path in ("/health", "/health_generate"):
+        if not app.authorized(self.path, self.headers.get("Authorization")):
+            self._send_json(401, {"error": "Unauthorized"})
+        elif self.path in ("/health", "/health_generate"):
             self._send(200 if app.ready.is_set() else 503, b"", "text/plain")
         elif self.path in ("/model_info", "/get_model_info"):
             self._send_json(200, app.model_info())
@@ -545,6 +560,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
+        if not self.server.app.authorized(self.path, self.headers.get("Authorization")):
+            self._send_json(401, {"error": "Unauthorized"})
+            return
         if self.path != "/generate":
             self._send_json(404, _error(f"no route {self.path}"))
             return
@@ -625,6 +643,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument(
+        "--api-key", help="as SGLang's: requests must carry `Authorization: Bearer <key>`"
+    )
     gpu_only = parser.add_argument_group("accepted for launch_server parity, no effect here")
     for flag in (
         "--tp-size",
@@ -654,6 +675,7 @@ def main(argv: list[str] | None = None) -> None:
         context_length=args.context_length,
         max_running_requests=args.max_running_requests,
         max_queued_requests=args.max_queued_requests,
+        api_key=args.api_key,
     ).start()
     print(f"hf_server: {server.url} loading {args.model_path}", flush=True)
     model = load_causal_lm(args.model_path, args.device, args.dtype, args.trust_remote_code)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..artifacts.raw import parts
-from . import Completion, Sampling
+from . import Completion, Sampling, bearer_headers
 
 
 @dataclass(frozen=True)
@@ -40,16 +40,22 @@ class Backlog:
 
 
 def backlog(dataset: str, budget_tokens: int, prompts_path: Path, raw_dir: Path) -> Backlog:
-    """A dataset's backlog from its prompt file and the raw parts written so far."""
+    """A dataset's backlog from its prompt file and the raw parts written so far (a part that
+    cannot be read, damaged by a crash, counts as not generated: generate@ deals with it)."""
     prompts = pq.ParquetFile(prompts_path).metadata.num_rows if prompts_path.exists() else 0
     samples = tokens = 0
-    if files := parts(raw_dir):
-        done = pa.concat_tables(
-            pq.read_table(f, columns=["sample_id", "completion_tokens"]) for f in files
-        )
+    if tables := [t for f in parts(raw_dir) if (t := _done(f)) is not None]:
+        done = pa.concat_tables(tables)
         samples = pc.count_distinct(done.column("sample_id")).as_py()
         tokens = pc.sum(done.column("completion_tokens")).as_py() or 0
     return Backlog(dataset, max(prompts - samples, 0), max(budget_tokens - tokens, 0))
+
+
+def _done(part: Path) -> pa.Table | None:
+    try:
+        return pq.read_table(part, columns=["sample_id", "completion_tokens"])
+    except (OSError, pa.ArrowException):
+        return None
 
 
 def run_backlog(budgets: dict[str, int], prompts_dir: Path, raw_dir: Path) -> list[Backlog]:
@@ -77,15 +83,22 @@ class ServerMetrics:
     """Running and queued requests and KV use summed over servers; a server without /metrics is
     asked once and then left alone."""
 
-    def __init__(self, urls: Iterable[str], timeout_s: float = 2.0):
+    def __init__(self, urls: Iterable[str], timeout_s: float = 2.0, api_key: str | None = None):
+        """`api_key`: sent as a bearer token (SGLang leaves /metrics open; a proxy may not)."""
         self.urls, self.timeout_s = list(urls), timeout_s
+        self._headers = bearer_headers(api_key)
 
     def summary(self) -> str | None:
         running = queued = 0.0
         usage = []
         for url in list(self.urls):
             try:
-                reply = httpx.get(f"{url}/metrics", timeout=self.timeout_s, trust_env=False)
+                reply = httpx.get(
+                    f"{url}/metrics",
+                    timeout=self.timeout_s,
+                    trust_env=False,
+                    headers=self._headers,
+                )
             except httpx.HTTPError:
                 continue
             if reply.status_code != 200:
@@ -118,11 +131,12 @@ class GenerationMonitor:
         every_s: float = 10.0,
         stream=None,
         clock: Callable[[], float] = time.monotonic,
+        api_key: str | None = None,
     ):
         self.dataset, self.total, self.done_before = dataset, total_samples, done_samples
         self.budget, self.used_before = budget_tokens, used_tokens
         self.others = [b for b in others if b.dataset != dataset]
-        self.server = ServerMetrics(metrics_urls)
+        self.server = ServerMetrics(metrics_urls, api_key=api_key)
         self.every_s, self.stream, self.clock = every_s, stream, clock
         self.samples = self.tokens = self.failed = 0
         self.start = self.last = clock()

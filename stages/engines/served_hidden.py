@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import httpx
 import torch
 
-from . import EngineError
+from . import EngineError, auth_failure, bearer_headers, redact
 
 
 def served_flags(layer_ids: Sequence[int]) -> str:
@@ -57,19 +57,29 @@ def prefill_aux(reply: dict, tokens: int, width: int) -> torch.Tensor:
 
 
 def served_aux(
-    url: str, input_ids: Sequence[int], width: int, timeout_s: float = 600.0
+    url: str,
+    input_ids: Sequence[int],
+    width: int,
+    timeout_s: float = 600.0,
+    api_key: str | None = None,
 ) -> torch.Tensor:
-    """The server's aux hidden states of one prompt: [T, width] float32."""
+    """The server's aux hidden states of one prompt: [T, width] float32. `api_key`: sent as a
+    bearer token (SGLang's --api-key), never written into an error."""
     try:
         reply = httpx.post(
             f"{url.rstrip('/')}/generate",
             json=request_body(input_ids),
             timeout=timeout_s,
             trust_env=False,
+            headers=bearer_headers(api_key),
         )
     except httpx.HTTPError as err:
-        raise EngineError(f"{url}/generate: {err}") from err
+        raise EngineError(redact(f"{url}/generate: {err}", api_key)) from None
+    if reply.status_code in (401, 403):
+        raise auth_failure(f"{url}/generate", reply.status_code, reply.text[:200], api_key)
     if reply.status_code != 200:
-        raise EngineError(f"{url}/generate answered {reply.status_code}: {reply.text[:300]}")
+        raise EngineError(
+            redact(f"{url}/generate answered {reply.status_code}: {reply.text[:300]}", api_key)
+        )
     body = reply.json()
     return prefill_aux(body[0] if isinstance(body, list) else body, len(input_ids), width)

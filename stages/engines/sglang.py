@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import enum
 import hashlib
 import json
@@ -26,11 +27,21 @@ from typing import NamedTuple
 
 import aiohttp
 
-from . import STALLED, Completion, EngineError, Request, Sampling
+from . import (
+    STALLED,
+    Completion,
+    EngineError,
+    Request,
+    Sampling,
+    auth_failure,
+    bearer_headers,
+    redact,
+)
 
 # Worth another try: the server is starting, overloaded or gone. 408 and 429 are what
 # sglang_router answers when its own queue is full or timed out, so they mean "later" too.
 RETRY_STATUS = frozenset({408, 429})
+AUTH_STATUS = frozenset({401, 403})  # SGLang's --api-key answers 401: never retried
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 
@@ -168,7 +179,10 @@ class SGLangEngine:
         max_retries: int = 8,
         backoff_s: float = 1.0,
         backoff_max_s: float = 60.0,
+        api_key: str | None = None,
     ):
+        """`api_key`: sent as `Authorization: Bearer <key>` (SGLang's --api-key); it never
+        appears in an error, a completion's error text or the engine's repr."""
         if not urls:
             raise ValueError("urls: give at least one server URL")
         if concurrency < 1:
@@ -180,6 +194,8 @@ class SGLangEngine:
         self.in_flight = dict.fromkeys(self.urls, 0)  # requests sent and not yet answered
         self.retries = 0  # failed attempts that were tried again, over the engine's life
         self._jitter = random.Random()
+        self._api_key = api_key or None
+        self._headers = {**JSON_HEADERS, **bearer_headers(self._api_key)}
 
     def generate(
         self, requests: Iterable[Request | None], sampling: Sampling
@@ -278,10 +294,10 @@ class SGLangEngine:
         start = time.monotonic()
         self.in_flight[url] += 1
         try:
-            async with session.post(f"{url}/generate", data=body, headers=JSON_HEADERS) as reply:
+            async with session.post(f"{url}/generate", data=body, headers=self._headers) as reply:
                 status, payload = reply.status, await reply.read()
         except (aiohttp.ClientError, asyncio.TimeoutError) as err:
-            raise _Retry(f"{url}: {type(err).__name__}: {err}") from None
+            raise _Retry(self._redact(f"{url}: {type(err).__name__}: {err}")) from None
         finally:
             self.in_flight[url] -= 1
         latency = time.monotonic() - start
@@ -289,21 +305,33 @@ class SGLangEngine:
             try:
                 reply_json = json.loads(payload)
             except ValueError:
-                raise _Retry(f"{url}: a reply that is not JSON: {payload[:200]!r}") from None
-            completion = parse_reply(reply_json, sample_id, url, latency)
+                raise _Retry(
+                    self._redact(f"{url}: a reply that is not JSON: {payload[:200]!r}")
+                ) from None
+            try:
+                completion = parse_reply(reply_json, sample_id, url, latency)
+            except SGLangError as err:
+                raise SGLangError(self._redact(str(err))) from None
+            if completion.error:
+                completion = dataclasses.replace(completion, error=self._redact(completion.error))
             return Reply(completion, reply_json.get("meta_info") or {})
+        answer = self._redact(error_message(payload))
+        if status in AUTH_STATUS:
+            raise auth_failure(f"{url}/generate", status, answer, self._api_key)
         if status >= 500 or status in RETRY_STATUS:
-            raise _Retry(f"{url}: HTTP {status}: {error_message(payload)}")
+            raise _Retry(f"{url}: HTTP {status}: {answer}")
         return Reply(
-            Completion(
-                sample_id,
-                [],
-                "abort",
-                latency,
-                error=f"{url}: HTTP {status}: {error_message(payload)}",
-            ),
+            Completion(sample_id, [], "abort", latency, error=f"{url}: HTTP {status}: {answer}"),
             {},
         )
+
+    @property
+    def api_key(self) -> str | None:
+        """The key sent with every request (for the monitor's /metrics); never printed."""
+        return self._api_key
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._api_key)
 
     def _pick_url(self, avoid: str | None) -> str:
         """The server with the fewest requests in flight; a retry goes elsewhere when it can."""

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from . import Sampling
-from .sglang import Reply, SGLangEngine, SGLangError
+from . import Sampling, auth_failure, bearer_headers
+from .sglang import AUTH_STATUS, Reply, SGLangEngine, SGLangError
 
 ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
 INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name
@@ -50,13 +50,21 @@ def speculative_args(drafter_dir: str | Path, num_steps: int) -> list[str]:
     ]
 
 
-def server_facts(url: str, timeout_s: float = 10.0) -> dict:
+def server_facts(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:
     """Version, model and speculative settings from /server_info (or /model_info for the version);
-    keys the server does not report are absent."""
+    keys the server does not report are absent (SGLang's /server_info also holds its --api-key:
+    only these keys are kept). A server that refuses `api_key` (or its absence) raises AuthError.
+    """
     info: dict = {}
     for path in (*INFO_PATHS, "/model_info"):
         try:
-            response = httpx.get(f"{url}{path}", timeout=timeout_s, trust_env=False)
+            response = httpx.get(
+                f"{url}{path}", timeout=timeout_s, trust_env=False, headers=bearer_headers(api_key)
+            )
+            if response.status_code in AUTH_STATUS:
+                raise auth_failure(
+                    f"{url}{path}", response.status_code, response.text[:200], api_key
+                )
             answer = response.json() if response.status_code == 200 else None
         except (httpx.HTTPError, ValueError):
             continue

@@ -1,13 +1,21 @@
-"""Atomic writes and progress reporting shared by the stages.
+"""Atomic writes, checksums, output locks and progress reporting shared by the stages.
 
-Every output is written to a temporary sibling and renamed into place when complete, so a killed
-stage never leaves a half-written file where a later stage would read it.
+Every output is written to a temporary sibling, synced to disk and renamed into place when
+complete, so neither a killed stage nor a crashed machine leaves a half-written file under a name
+a later stage reads. A file written with `checksum=True` gets a sidecar `<name>.sha256.json`
+(its size and sha256), which readers verify: a file truncated or bit-flipped after it was written
+(a machine crash, a disk fault) is found before it is used. A write that fails for lack of space
+or permission raises `WriteFailed`, naming the path and the bytes it needed, with nothing left
+under the final name. `output_lock` keeps a second process out of an output folder.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import errno
+import fcntl
+import hashlib
 import io
 import json
 import os
@@ -21,21 +29,81 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+CHECKSUM_SUFFIX = ".sha256.json"
+LOCK_NAME = ".stage.lock"
+# errors that say the disk (or its quota) is full, or the folder cannot be written
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DENIED = (errno.EROFS, errno.EACCES, errno.EPERM)
+_FULL_TEXT = re.compile(
+    r"no space left|os error 28|errno 28|disk quota exceeded|os error 122", re.I
+)
+_READ_ONLY_TEXT = re.compile(r"read-only file system|os error 30|errno 30", re.IGNORECASE)
+_NEARLY_FULL = 1 << 20  # free bytes under which a failed write is put down to a full disk
+
+
+class WriteFailed(OSError):
+    """An output could not be written (no space, over quota, read-only or not permitted); nothing
+    was put in its place and the partial temp file is gone."""
+
+    def __init__(self, code: int, message: str, path: Path):
+        super().__init__(code, message, str(path))
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ChecksumError(ValueError):
+    """A file differs from what was written (truncated, bit-flipped) or has no checksum."""
+
+
+class OutputLocked(OSError):
+    """Another running process holds the output folder's lock."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(errno.EBUSY, message, str(path))
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
 
 @contextlib.contextmanager
-def atomic_path(final: Path | str) -> Iterator[Path]:
-    """Yield a temp path beside `final`; on success replace `final` with it, else remove it."""
+def atomic_path(
+    final: Path | str, size: int | None = None, *, checksum: bool = False
+) -> Iterator[Path]:
+    """Yield a temp path beside `final`; on success sync it and replace `final` with it (with
+    `checksum`, then record its size and sha256 beside it), else remove it. `size`: about how many
+    bytes will be written, named when the disk turns out to be full."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        failed = _failed(err, final, None, size)
+        if failed is None:
+            raise
+        raise failed from err
     tmp = temp_path(final, os.getpid())
     _remove(tmp)
     try:
         yield tmp
+        _sync(tmp)
+        sums = write_checksum(tmp, final) if checksum else None
         if tmp.is_dir() and final.exists():
             _remove(final)
         os.replace(tmp, final)
+        if sums is not None:
+            os.replace(sums, checksum_path(final))
+        _sync_dir(final.parent)
+    except Exception as err:
+        failed = _failed(err, final, tmp, size)
+        if failed is None:
+            raise
+        raise failed from err
     finally:
         _remove(tmp)
+        if checksum:
+            _remove(temp_path(checksum_path(final), os.getpid()))
 
 
 def temp_path(final: Path, pid: int) -> Path:
@@ -43,16 +111,185 @@ def temp_path(final: Path, pid: int) -> Path:
     return final.with_name(f".{final.name}.tmp-{pid}")
 
 
+def _failed(err: BaseException, final: Path, tmp: Path | None, size: int | None):
+    """`err` as a WriteFailed when it came from a full disk, a quota, a read-only folder or a
+    missing permission (None otherwise). Libraries say so differently: pyarrow and open() with
+    errno 28, safetensors in its message, torch.save only with "unexpected pos", so a failure
+    while the disk has next to nothing free counts as a full disk too."""
+    if isinstance(err, WriteFailed):
+        return None
+    code = err.errno if isinstance(err, OSError) else None
+    text = f"{type(err).__name__}: {err}"
+    where = final.parent if final.parent.exists() else _existing_parent(final)
+    try:
+        free_at_failure = shutil.disk_usage(where).free
+    except OSError:
+        free_at_failure = None
+    ours = err.filename if isinstance(err, OSError) else None
+    about_here = (
+        ours is None
+        and str(final.parent) in text
+        or (ours is not None and str(ours).startswith(str(final.parent)))
+    )
+    read_only = code == errno.EROFS or _READ_ONLY_TEXT.search(text)
+    if read_only or (code in _DENIED and about_here):
+        reason = "read-only file system" if read_only else os.strerror(code or errno.EACCES)
+        return WriteFailed(
+            code or errno.EROFS,
+            f"cannot write {final}: {reason} ({where} is not writable); make the folder "
+            f"writable (or point the output elsewhere) and rerun",
+            final,
+        )
+    full = code in _FULL or _FULL_TEXT.search(text)
+    nearly_full = free_at_failure is not None and free_at_failure < _NEARLY_FULL
+    if not full and not (nearly_full and not isinstance(err, (ValueError, KeyError, TypeError))):
+        return None  # a caller's own check (a ValueError...) keeps its words on a full disk too
+    if tmp is not None:
+        _remove(tmp)
+    free = shutil.disk_usage(where).free
+    needed = f"about {_bytes(size)}" if size else "an unknown amount"
+    return WriteFailed(
+        code if code in _FULL else errno.ENOSPC,
+        f"no space left writing {final}: {needed} to write, {_bytes(free)} free on the "
+        f"file system of {where} (the partial file was removed; nothing was put at {final.name}); "
+        f"free space and rerun, which continues from what is complete (the writer said: "
+        f"{text[:300]})",
+        final,
+    )
+
+
+def _existing_parent(path: Path) -> Path:
+    for parent in path.parents:
+        if parent.exists():
+            return parent
+    return Path("/")
+
+
+def _bytes(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "bytes" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n} bytes"
+
+
+def _sync(path: Path) -> None:
+    """Flush a written file (or every file of a written folder) to the disk before the rename, so
+    a machine crash cannot leave the final name on data that never reached it."""
+    if path.is_dir():
+        for sub in sorted(path.rglob("*")):
+            if sub.is_file():
+                _fsync_file(sub)
+        _sync_dir(path)
+    elif path.exists():
+        _fsync_file(path)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):  # some file systems cannot sync a directory
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+# Checksums: `<name>.sha256.json` beside a file, {"file", "bytes", "sha256"}.
+
+
+def checksum_path(path: Path | str) -> Path:
+    path = Path(path)
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def file_sha256(path: Path | str) -> str:
+    digest = hashlib.sha256()
+    buffer = bytearray(8 << 20)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def write_checksum(written: Path, final: Path) -> Path:
+    """Record the size and sha256 of `written` (the temp file that becomes `final`) in a temp
+    sidecar, synced; the caller renames it to checksum_path(final) after `final` is in place.
+    Returns the temp sidecar."""
+    record = {
+        "file": final.name,
+        "bytes": written.stat().st_size,
+        "sha256": file_sha256(written),
+    }
+    sums = temp_path(checksum_path(final), os.getpid())
+    sums.write_text(json.dumps(record) + "\n")
+    _fsync_file(sums)
+    return sums
+
+
+def checksum_problem(path: Path | str) -> str | None:
+    """Why `path` is not the file that was written (None: it is): missing, no checksum recorded,
+    another size (truncated), another sha256 (bit-flipped)."""
+    path = Path(path)
+    sums = checksum_path(path)
+    if not path.exists():
+        return "missing"
+    if not sums.exists():
+        return (
+            f"no checksum recorded ({sums.name} is missing: written by an older version, or "
+            f"a crash came between the file and its checksum)"
+        )
+    try:
+        record = json.loads(sums.read_text())
+        size, sha = int(record["bytes"]), str(record["sha256"])
+    except (ValueError, KeyError, TypeError, OSError):
+        return f"its checksum file {sums.name} is unreadable"
+    actual = path.stat().st_size
+    if actual != size:
+        return f"{actual:,} bytes where {size:,} were written (truncated or cut off by a crash)"
+    if file_sha256(path) != sha:
+        return (
+            "its sha256 differs from the one recorded when it was written (corrupted after "
+            "writing: a machine crash or a disk fault)"
+        )
+    return None
+
+
+def verify_checksum(path: Path | str) -> None:
+    """Raise ChecksumError naming `path` when it is not the file that was written."""
+    problem = checksum_problem(path)
+    if problem:
+        raise ChecksumError(f"{path}: {problem}")
+
+
+def remove_with_checksum(path: Path) -> None:
+    """Remove a file and its checksum, the checksum first: a kill in between leaves a file
+    without a checksum (treated as not written), never a checksum without a file."""
+    _remove(checksum_path(path))
+    _remove(path)
+
+
 _TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
 
 
 def remove_stale_temps(directory: Path | str) -> list[Path]:
-    """Remove the temp files (`.<name>.tmp-<pid>`) in `directory` whose process is gone.
+    """Remove the temp files (`.<name>.tmp-<pid>`) in `directory` whose process is gone, and
+    checksum files whose file is gone.
 
     A kill -9 runs no cleanup, and a stage's output directory is hashed by DVC as a whole, so a
     dead writer's half-written shard would join the output. A running process's temp files are
     kept: under torchrun the other ranks write into the same directory (pids are this host's: a
-    directory shared between hosts needs every host's writers stopped first).
+    directory shared between hosts needs every host's writers stopped first). A checksum a dead
+    writer had recorded but not yet renamed beside its file (killed between the two renames) is
+    put in place when it matches the file, so the file counts as written.
     """
     directory = Path(directory)
     stale = [
@@ -60,14 +297,68 @@ def remove_stale_temps(directory: Path | str) -> list[Path]:
         for p in directory.glob(".*.tmp-*")
         if (m := _TEMP.match(p.name)) and not _running(int(m.group(1)))
     ]
-    for path in stale:
+    completed = [p for p in stale if _complete_checksum(p)]
+    stale = [p for p in stale if p not in completed]
+    orphans = [
+        p
+        for p in directory.glob(f"*{CHECKSUM_SUFFIX}")
+        if not (directory / p.name.removesuffix(CHECKSUM_SUFFIX)).exists()
+    ]
+    for path in stale + orphans:
         _remove(path)
     if stale:
         print(
             f"[io] removed {len(stale)} temp file(s) of killed processes in {directory}: "
             f"{', '.join(p.name for p in stale)}"
         )
-    return stale
+    if completed:
+        print(
+            f"[io] put {len(completed)} checksum(s) a killed process had recorded beside their "
+            f"file in {directory}"
+        )
+    if orphans:
+        print(
+            f"[io] removed {len(orphans)} checksum file(s) without their file in {directory}: "
+            f"{', '.join(p.name for p in orphans)}"
+        )
+    return stale + orphans
+
+
+def _complete_checksum(temp: Path) -> bool:
+    """Move a dead writer's recorded checksum (`.<file>.sha256.json.tmp-<pid>`) into place when
+    it describes the file now there (it was killed after renaming the file); True if moved."""
+    m = _TEMP.match(temp.name)
+    name = temp.name[1 : temp.name.rindex(".tmp-")] if m else ""
+    if not name.endswith(CHECKSUM_SUFFIX) or not temp.is_file():
+        return False
+    data = temp.with_name(name.removesuffix(CHECKSUM_SUFFIX))
+    try:
+        record = json.loads(temp.read_text())
+        matches = (
+            data.is_file()
+            and data.stat().st_size == int(record["bytes"])
+            and file_sha256(data) == record["sha256"]
+        )
+    except (ValueError, KeyError, TypeError, OSError):
+        return False
+    if matches:
+        os.replace(temp, checksum_path(data))
+    return matches
+
+
+def remove_stale_temps_around(*outputs: Path | str) -> list[Path]:
+    """remove_stale_temps in the folder of every output a stage writes (a file's or a folder's
+    temp sibling: `reports/.train.json.tmp-<pid>`, `models/.drafter.tmp-<pid>`) and inside each
+    output that is a folder; a stage calls it before it writes anything."""
+    folders: list[Path] = []
+    for out in map(Path, outputs):
+        folders.append(out.parent)
+        if out.is_dir():
+            folders.append(out)
+    removed: list[Path] = []
+    for folder in dict.fromkeys(folders):
+        removed += remove_stale_temps(folder)
+    return removed
 
 
 def _running(pid: int) -> bool:
@@ -82,20 +373,99 @@ def _running(pid: int) -> bool:
 
 def _remove(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
+        shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
-        path.unlink()
+        with contextlib.suppress(FileNotFoundError):  # another rank removed it first
+            path.unlink()
 
 
-def write_parquet(table: pa.Table, path: Path | str) -> None:
-    with atomic_path(path) as tmp:
+def empty_dir(directory: Path | str, keep: tuple[str, ...] = (LOCK_NAME,)) -> None:
+    """Remove everything in `directory` but the names in `keep` (its lock, held by this process)."""
+    directory = Path(directory)
+    if not directory.exists():
+        return
+    for path in directory.iterdir():
+        if path.name not in keep:
+            _remove(path)
+
+
+@contextlib.contextmanager
+def output_lock(directory: Path | str, owner: str = "") -> Iterator[Path]:
+    """Hold `<directory>/.stage.lock` while writing the folder: a second process (a stage started
+    twice by hand) is refused with the holder's pid, instead of interleaving its writes.
+
+    The lock is an flock on the file, which the kernel releases when its holder dies, so a lock
+    left by a killed process (its pid in the file, not running) is taken over, and the file is
+    removed when its holder ends, before DVC hashes the folder (with the folder, when this call
+    created it and it is still empty). `owner`: a line for the message.
+    """
+    directory = Path(directory)
+    path = directory / LOCK_NAME
+    created = not directory.exists()
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        failed = _failed(err, path, None, None)
+        if failed is None:
+            raise
+        raise failed from err
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            failed = _failed(err, path, None, None)
+            if failed is None:
+                raise
+            raise failed from err
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(path)
+            os.close(fd)
+            raise OutputLocked(
+                f"{directory} is being written by another process ({holder or 'unknown'}, "
+                f"lock {path}); wait for it to finish or stop it, then rerun",
+                path,
+            ) from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the file was removed by its last holder after we opened it: again
+    stale = _read_holder(path)
+    if stale:
+        print(f"[io] took over the lock of a process that is gone ({stale}) in {directory}")
+    me = f"pid {os.getpid()}" + (f", {owner}" if owner else "")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (me + "\n").encode(), 0)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # while still holding the lock: a waiting process opens a new file
+        os.close(fd)
+        if created:  # a run that failed before writing leaves no empty folder behind
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+def _read_holder(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def write_parquet(table: pa.Table, path: Path | str, *, checksum: bool = False) -> None:
+    with atomic_path(path, table.nbytes, checksum=checksum) as tmp:
         pq.write_table(table, tmp, compression="zstd")
 
 
 def write_json(obj, path: Path | str) -> None:
     """JSON with NaN written as null (a rate over zero cases), which every reader accepts."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n")
+    write_text(json.dumps(_finite(obj), indent=2, allow_nan=False) + "\n", path)
 
 
 def _finite(obj):
@@ -120,8 +490,9 @@ def write_csv(rows: list[dict], path: Path | str, columns: list[str] | None = No
 
 
 def write_text(text: str, path: Path | str) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(text)
+    data = text.encode()
+    with atomic_path(path, len(data)) as tmp:
+        tmp.write_bytes(data)
 
 
 class Progress:

@@ -22,11 +22,26 @@ def load_tokenizer(
             f"{path} holds no model or tokenizer; point the target path at a "
             f"local Hugging Face model directory"
         )
-    tok = AutoTokenizer.from_pretrained(
-        path, trust_remote_code=trust_remote_code, local_files_only=True
-    )
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            path, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except (OSError, ValueError, KeyError, TypeError, ImportError) as err:
+        found = sorted(f.name for f in path.iterdir() if f.name.startswith("tokenizer"))
+        why = (
+            f"{', '.join(found)} do not load: {str(err).strip().splitlines()[0].rstrip(': ')}"
+            if found and str(err).strip()
+            else "no tokenizer.json, tokenizer_config.json or tokenizer.model in it"
+        )
+        raise ValueError(
+            f"{path}: no tokenizer ({why}); point the target path at a model directory that "
+            f"holds its tokenizer"
+        ) from None
     if chat_template:
-        tok.chat_template = Path(chat_template).read_text()
+        template = Path(chat_template)
+        if not template.is_file():
+            raise FileNotFoundError(f"chat template file {template} does not exist")
+        tok.chat_template = template.read_text()
     if not tok.chat_template:
         raise ValueError(
             f"the tokenizer at {path} has no chat template; give a Jinja template "

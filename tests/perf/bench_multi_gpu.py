@@ -37,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from stages.drafter.vocab import build_draft_vocab
+from stages.runtime.io import CHECKSUM_SUFFIX, checksum_problem
 from tests.perf.bench_extract import SHAPES, build_target, print_table
 from tests.perf.bench_train import DRAFT_VOCAB
 
@@ -184,15 +185,21 @@ def largest_gap(a: list[float], b: list[float]) -> float:
 
 
 class Snapshot:
-    """Hard-links the first checkpoint a run writes (os.replace leaves the link on the old file)."""
+    """Hard-links the first checkpoint a run writes and its checksum, renamed beside it right
+    after it (os.replace leaves the links on the old files)."""
 
     def __init__(self, source: Path, dest: Path):
         self.source, self.dest, self.taken = source, dest, False
 
     def __call__(self) -> None:
-        if not self.taken and (self.source / "last.pt").exists():
-            self.dest.mkdir(parents=True)
-            os.link(self.source / "last.pt", self.dest / "last.pt")
+        names = ("last.pt", "last.pt" + CHECKSUM_SUFFIX)
+        if self.taken or not all((self.source / n).exists() for n in names):
+            return
+        self.dest.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (self.dest / name).unlink(missing_ok=True)
+            os.link(self.source / name, self.dest / name)
+        if checksum_problem(self.dest / "last.pt") is None:  # else caught between the two
             shutil.copyfile(self.source / "run.json", self.dest / "run.json")
             self.taken = True
 

@@ -1,0 +1,95 @@
+"""`eagle-pipeline`: what people run by hand, in one command. The stages themselves run from
+dvc.yaml (`dvc repro`), each as `python -m stages.<stage>`.
+
+    eagle-pipeline query [QUESTION] [--sql SQL] [--dataset D] [--csv | --json]
+    eagle-pipeline report            # the report stage's command from dvc.yaml, outside DVC
+    eagle-pipeline estimate          # projected generation hours per dataset
+    eagle-pipeline launch-line       # the SGLang launch line from params (--drafter: speculative)
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+import yaml
+
+from . import config, estimate, query
+from . import report as report_stage
+from .cli import StageError
+from .engines import EngineError
+from .engines.sglang_bench import speculative_args
+from .launch import server_command
+
+app = typer.Typer(
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    no_args_is_help=True,
+    help="The EAGLE-3 pipeline's commands run by hand (`dvc repro` runs the stages).",
+)
+app.command("query")(query.main)
+app.command("estimate")(estimate.main)
+
+
+def stage_args(dvc_file: Path, stage: str, module: str) -> list[str]:
+    """The options dvc.yaml's `stage` passes to `python -m module` (paths live in dvc.yaml)."""
+    stages = yaml.safe_load(dvc_file.read_text())["stages"]
+    if stage not in stages:
+        raise StageError(f"{dvc_file}: no stage {stage}")
+    words = shlex.split(stages[stage]["cmd"])
+    return words[words.index(module) + 1 :]
+
+
+@app.command()
+def report(dvc_file: Path = Path("dvc.yaml")) -> None:
+    """Rebuild the HTML report, metrics and model card from the current artifacts.
+
+    The report stage's command with its paths from dvc.yaml, run outside DVC (`dvc repro
+    report` records its run; `dvc commit report` adopts a result made here).
+    """
+    single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    single.command()(report_stage.main)
+    typer.main.get_command(single).main(
+        stage_args(dvc_file, "report", "stages.report"), standalone_mode=False
+    )
+
+
+@app.command("launch-line")
+def launch_line(
+    drafter: Path | None = typer.Option(None, help="add the speculative flags for this drafter"),
+    params: Path = config.PARAMS_FILE,
+) -> None:
+    """Print the SGLang launch line that params give.
+
+    generate.sglang.launch (else SGLang's defaults) serving the target; with --drafter, the
+    EAGLE-3 flags of the benchmark's chain (benchmark.num_steps) added.
+    """
+    gen = config.section(config.GenerateParams, "generate", params)
+    target = config.section(config.TargetParams, "target", params)
+    command = server_command(gen.sglang.launch or config.SGLangLaunchParams(), target)
+    if drafter is not None:
+        b = config.section(config.BenchmarkParams, "benchmark", params)
+        command += speculative_args(drafter, b.num_steps)
+    print(shlex.join(command))
+
+
+def main() -> None:
+    """The console script: expected errors end with one line, as the stages' do."""
+    try:
+        app(standalone_mode=False)
+    except (StageError, EngineError, ValueError, FileNotFoundError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except Exception as err:  # click usage errors and the like (typer vendors click)
+        if type(err).__module__.startswith(("click", "typer")):
+            print(f"error: {err}", file=sys.stderr)
+            sys.exit(2)
+        raise
+
+
+if __name__ == "__main__":
+    main()

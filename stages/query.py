@@ -1,0 +1,123 @@
+"""`python -m stages.query` (or `eagle-pipeline query`): DuckDB by hand over the current artifacts.
+
+    eagle-pipeline query                                   # the named questions, one line each
+    eagle-pipeline query length_distribution --dataset sharegpt
+    eagle-pipeline query longest_replies -p limit=5 --csv
+    eagle-pipeline query --sql "SELECT split, count(*) FROM merged GROUP BY ALL"
+
+Not a DVC stage. A named question is a file of stages/queries (the same SQL the merge, the
+quality gate and the report run); `--sql` runs any SQL. Views already defined: `prompts`, `raw`,
+`samples` (the raw turns as the questions read them), `merged`, `hidden_index`; table `budgets`.
+Parameters a question takes ($name) default to params.yaml's values (`buckets`, `max_length`,
+`seed`, `eval_fraction`) or to `limit` 20 and `per_dataset` 3; `-p name=value` sets one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import duckdb
+import typer
+
+from . import config
+from .artifacts import hidden
+from .artifacts.merged import SPLITS, split_path
+from .artifacts.raw import parts
+from .cli import StageError, run
+from .queries import sql
+from .queries.session import catalog, open_session, parameters
+from .queries.session import run as run_sql
+from .reporting.text import csv_text, json_text, text_table
+
+
+def defaults(params: Path, merged_dir: Path) -> dict:
+    """Values for the parameters a question may name."""
+    q = config.section(config.QualityParams, "quality", params)
+    m = config.section(config.MergeParams, "merge", params)
+    return {
+        "limit": 20,
+        "per_dataset": 3,
+        "buckets": q.histogram_buckets,
+        "max_length": m.max_length,
+        "seed": m.seed,
+        "eval_fraction": m.eval_fraction,
+        "train_file": str(split_path(merged_dir, "train")),
+    }
+
+
+def _value(text: str):
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def main(
+    question: Annotated[
+        str | None, typer.Argument(help="a named question (none: list them)")
+    ] = None,
+    sql_text: Annotated[str | None, typer.Option("--sql", help="any SQL instead")] = None,
+    dataset: Annotated[str | None, typer.Option(help="keep this dataset's rows")] = None,
+    param: Annotated[list[str] | None, typer.Option("--param", "-p", help="name=value")] = None,
+    as_csv: Annotated[bool, typer.Option("--csv", help="CSV instead of a table")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
+    data_dir: Path = Path("data"),
+    params: Path = config.PARAMS_FILE,
+) -> None:
+    """List the named DuckDB questions, or answer one (or any SQL) over the current artifacts."""
+    if question is None and sql_text is None:
+        names = catalog()
+        width = max(len(n) for n, _ in names)
+        for name, text in names:
+            takes = parameters(name)
+            print(f"{name:<{width}}  {text}" + (f"  [{', '.join(takes)}]" if takes else ""))
+        return
+    if question is not None and sql_text is not None:
+        raise StageError("query: give a question's name or --sql, not both")
+    if question is not None:
+        try:
+            text = sql(question)
+        except FileNotFoundError as err:
+            known = ", ".join(n for n, _ in catalog())
+            raise StageError(f"query: no question {question!r}; known: {known}") from err
+    else:
+        text = sql_text or ""
+    datasets = config.datasets(params)
+    merged_dir = data_dir / "merged"
+    index = data_dir / "hidden" / hidden.INDEX
+    con, views = open_session(
+        prompts=[str(p) for p in sorted((data_dir / "prompts").glob("*.parquet"))],
+        raw=[str(p) for n in datasets for p in parts(data_dir / "raw" / n)],
+        merged=[
+            str(split_path(merged_dir, s)) for s in SPLITS if split_path(merged_dir, s).exists()
+        ],
+        hidden_index=str(index) if index.exists() else None,
+        budgets={n: d.generate.budget_tokens for n, d in datasets.items()},
+    )
+    values = defaults(params, merged_dir)
+    for item in param or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise StageError(f"query: --param {item!r}: expected name=value")
+        values[name] = _value(value)
+    try:
+        columns, rows = run_sql(con, text, values)
+    except duckdb.Error as err:  # a view that is not there, a typo in the SQL
+        raise StageError(f"query: {err} (views defined: {', '.join(views)})") from err
+    if dataset is not None:
+        if "dataset" not in columns:
+            raise StageError("query: --dataset needs a result with a dataset column")
+        at = columns.index("dataset")
+        rows = [r for r in rows if r[at] == dataset]
+    if as_json:
+        print(json_text(columns, rows))
+    elif as_csv:
+        print(csv_text(columns, rows), end="")
+    else:
+        print(text_table(columns, rows))
+
+
+if __name__ == "__main__":
+    run(main)

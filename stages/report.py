@@ -1,0 +1,181 @@
+"""report: what people read about a run, after the benchmark. Three outputs:
+
+- reports/index.html: one self-contained page (inline SVG, no script, no network): per dataset
+  the length histograms (prompt, reasoning, answer), finish reasons and truncation, reasoning
+  presence, tool-call integrity, budget used, failures with their messages, a few sample records
+  decoded with the target's tokenizer (reasoning, answer, tool calls apart, special tokens
+  shown); training curves; the benchmark's tau per dataset and position against plain decoding.
+- reports/metrics.json: THE DVC metrics file, the dozen figures a run is judged by, each key
+  named with its unit (`stages/reporting/summary.py`).
+- the drafter's model card (a Hugging Face README.md), beside the report: its tau is only known
+  after the benchmark, which reads the drafter, so train cannot write it, and no stage writes
+  into another stage's output.
+
+Reads params `report`, `datasets`, `quality.histogram_buckets`, `target` (the tokenizer) and
+`train.sglang_version`. The data questions are the quality stage's (`stages.quality.answer`, the
+same SQL), plus failures and sample records (stages/queries).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from . import config
+from .artifacts.raw import verified_parts
+from .cli import PathOpt, run
+from .quality import answer
+from .queries import open_samples, rows
+from .reporting.card import CardFacts, model_card, sglang_command, vllm_command
+from .reporting.page import ReportData, render
+from .reporting.samples import sample_views
+from .reporting.summary import run_metrics
+from .runtime.io import remove_stale_temps_around, write_json, write_text
+from .wiring import target_roles, target_tokenizer
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def read_csv(path: Path) -> list[dict]:
+    """A plots CSV, numbers as numbers (absent file: no rows)."""
+    if not path.exists():
+        return []
+
+    def num(v: str):
+        try:
+            return int(v)
+        except ValueError:
+            try:
+                return float(v)
+            except ValueError:
+                return v or None
+
+    with open(path, newline="") as f:
+        return [{k: num(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def main(
+    raw_dir: PathOpt,
+    generate_dir: PathOpt,
+    merge_report: PathOpt,
+    vocab_report: PathOpt,
+    extract_report: PathOpt,
+    train_report: PathOpt,
+    benchmark_report: PathOpt,
+    plots: PathOpt,
+    drafter_dir: PathOpt,
+    out: PathOpt,
+    metrics: PathOpt,
+    card: PathOpt,
+    params: Path = config.PARAMS_FILE,
+) -> None:
+    """Write the HTML report, the compact metrics and the model card."""
+    p = config.section(config.ReportParams, "report", params)
+    q = config.section(config.QualityParams, "quality", params)
+    target = config.section(config.TargetParams, "target", params)
+    train_params = config.section(config.TrainParams, "train", params)
+    datasets = config.datasets(params)
+    names = list(datasets)
+    remove_stale_temps_around(out, metrics, card)
+    answers = answer(
+        {n: raw_dir / n for n in names},
+        {n: d.generate.budget_tokens for n, d in datasets.items()},
+        q.histogram_buckets,
+    )
+    con = open_samples([str(f) for n in names for f in verified_parts(raw_dir / n)])
+    failures = rows(con, "failures", limit=p.max_failures)
+    records = rows(con, "sample_records", per_dataset=p.samples_per_dataset)
+    tokenizer = target_tokenizer(target)
+    samples = sample_views(records, tokenizer, target_roles(target, tokenizer), p.prompt_tokens)
+
+    generate = {n: read_json(generate_dir / f"{n}.json") for n in names}
+    merge, vocab = read_json(merge_report), read_json(vocab_report)
+    extract, train = read_json(extract_report), read_json(train_report)
+    benchmark = read_json(benchmark_report)
+    summary = run_metrics(
+        generate=generate,
+        merge=merge,
+        answers=answers,
+        expect={n: (d.expect.reasoning, d.expect.tool_calls) for n, d in datasets.items()},
+        vocab=vocab,
+        extract=extract,
+        train=train,
+        benchmark=benchmark,
+    )
+
+    drafter_config = read_json(drafter_dir / "config.json")
+    layer_ids = {
+        "hf": extract.get("aux_hf_indices"),
+        "sglang": (drafter_config.get("eagle_config") or {}).get(
+            "eagle_aux_hidden_state_layer_ids"
+        ),
+        "vllm": drafter_config.get("eagle_aux_hidden_state_layer_ids"),
+    }
+    served = p.card.base_model or target.path
+    num_steps = int(benchmark.get("num_steps") or 3)
+    temps = benchmark.get("temperatures", {})
+    facts = CardFacts(
+        title=p.card.title or f"EAGLE-3 draft model for {served}",
+        target=served,
+        base_model=p.card.base_model,
+        license=p.card.license,
+        tags=p.card.tags,
+        drafter_dir=str(drafter_dir),
+        num_steps=num_steps,
+        data_mix=[
+            {"dataset": n, **merge.get("per_dataset", {}).get("train", {}).get(n, {})}
+            for n in names
+        ],
+        layer_ids=layer_ids,
+        sglang_version=train_params.sglang_version,
+        tau={
+            t: {**{d: v.get("tau") for d, v in r.get("datasets", {}).items()}, "all": r.get("tau")}
+            for t, r in temps.items()
+        },
+        training={
+            "steps": train.get("steps"),
+            "best step (by replayed tau)": train.get("best_step"),
+            "replayed tau on the eval split": train.get("best_replayed_tau"),
+            "draft vocabulary": f"{vocab.get('draft_vocab_size')} of "
+            f"{vocab.get('target_vocab_size')} target ids, covering "
+            f"{(vocab.get('coverage') or 0):.1%} of supervised tokens",
+        },
+    )
+    page = render(
+        ReportData(
+            title="EAGLE-3 pipeline report",
+            target=target.path,
+            metrics=summary,
+            datasets=names,
+            answers=answers,
+            failures=failures,
+            samples=samples,
+            train=train,
+            train_loss=read_csv(plots / "train_loss.csv"),
+            train_evals=read_csv(plots / "train_evals.csv"),
+            train_acceptance=read_csv(plots / "train_acceptance.csv"),
+            benchmark=benchmark,
+            serving={
+                "layer_ids": {
+                    "trained on (HF hidden_states indices)": layer_ids["hf"],
+                    "SGLang (eagle_config.eagle_aux_hidden_state_layer_ids)": layer_ids["sglang"],
+                    "vLLM (eagle_aux_hidden_state_layer_ids)": layer_ids["vllm"],
+                },
+                "sglang_command": sglang_command(served, str(drafter_dir), num_steps),
+                "vllm_command": vllm_command(served, str(drafter_dir), num_steps),
+                "card": card,
+            },
+            max_chars=p.max_chars,
+        )
+    )
+    write_json(summary, metrics)
+    write_text(model_card(facts), card)
+    write_text(page, out)
+    print(f"[report] {out.resolve()}  metrics: {metrics}  model card: {card}")
+
+
+if __name__ == "__main__":
+    run(main)

@@ -1,0 +1,163 @@
+"""The drafter's model card: a Hugging Face README.md (YAML front matter, then Markdown) with the
+data it learned from, the layer ids each engine reads, its measured acceptance, and the commands
+that serve it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import yaml
+
+
+@dataclass(frozen=True)
+class CardFacts:
+    title: str
+    target: str  # the target's Hugging Face id, else its local path
+    base_model: str | None  # written to the front matter only when it is a hub id
+    license: str
+    tags: Sequence[str]
+    drafter_dir: str  # where the served commands find the drafter
+    num_steps: int  # chain depth the drafter was benchmarked at
+    data_mix: Sequence[dict]  # per dataset: dataset, samples, tokens, supervised_tokens
+    layer_ids: Mapping[str, list | None]  # hf (trained indices), sglang, vllm
+    sglang_version: str | None  # the version the ids were written for (None: every one)
+    tau: Mapping[str, Mapping[str, float]]  # temperature -> dataset -> tau (with "all")
+    training: Mapping[str, object] = field(default_factory=dict)  # steps, replayed tau, ...
+
+
+def sglang_command(target: str, drafter_dir: str, num_steps: int) -> str:
+    return shlex.join(
+        [
+            "python",
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            target,
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-draft-model-path",
+            drafter_dir,
+            "--speculative-num-steps",
+            str(num_steps),
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            str(num_steps + 1),
+        ]
+    )
+
+
+def vllm_command(target: str, drafter_dir: str, num_steps: int) -> str:
+    spec = {"method": "eagle3", "model": drafter_dir, "num_speculative_tokens": num_steps}
+    return shlex.join(["vllm", "serve", target, "--speculative-config", json.dumps(spec)])
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    def cell(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.2f}"
+        if isinstance(v, int):
+            return f"{v:,}"
+        return "-" if v is None else str(v)
+
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows),
+    ]
+
+
+def model_card(f: CardFacts) -> str:
+    front: dict = {}
+    if f.base_model:
+        front["base_model"] = f.base_model
+    front.update(license=f.license, tags=list(f.tags), pipeline_tag="text-generation")
+    lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", f"# {f.title}", ""]
+    lines += [
+        f"An EAGLE-3 draft model for `{f.target}`, trained on the target's own replies (reasoning,"
+        " answers and tool calls as the target generated them, token for token). It proposes"
+        f" chains of {f.num_steps} tokens that the target verifies; it never changes what the"
+        " target outputs. Format: SGLang's `LlamaForCausalLMEagle3` (`config.json` +"
+        " `model.safetensors`), which vLLM loads too.",
+        "",
+        "## Data mix",
+        "",
+    ]
+    mix = list(f.data_mix)
+    total = {
+        k: sum(int(r.get(k) or 0) for r in mix) for k in ("samples", "tokens", "supervised_tokens")
+    }
+    lines += _table(
+        ["dataset", "samples", "tokens", "supervised tokens", "share of supervised"],
+        [
+            [
+                r["dataset"],
+                r.get("samples"),
+                r.get("tokens"),
+                r.get("supervised_tokens"),
+                f"{(r.get('supervised_tokens') or 0) / max(total['supervised_tokens'], 1):.1%}",
+            ]
+            for r in mix
+        ]
+        + [["all", total["samples"], total["tokens"], total["supervised_tokens"], "100%"]],
+    )
+    lines += [
+        "",
+        "Tokens are whole sequences (prompt + reply); supervised tokens are the target's replies,"
+        " the only positions trained on.",
+        "",
+        "## Layers the draft reads",
+        "",
+    ]
+    version = f"SGLang {f.sglang_version}" if f.sglang_version else "every SGLang version"
+    lines += _table(
+        ["engine", "config.json key", "layer ids"],
+        [
+            ["trained on (HF hidden_states indices)", "-", f.layer_ids.get("hf")],
+            [
+                f"SGLang ({version})",
+                "eagle_config.eagle_aux_hidden_state_layer_ids",
+                f.layer_ids.get("sglang"),
+            ],
+            ["vLLM", "eagle_aux_hidden_state_layer_ids", f.layer_ids.get("vllm")],
+        ],
+    )
+    lines += ["", f"## Acceptance length (tau, chain of {f.num_steps}, top-k 1)", ""]
+    temps = list(f.tau)
+    datasets = sorted({d for t in temps for d in f.tau[t] if d != "all"})
+    lines += _table(
+        ["dataset", *(f"T = {t}" for t in temps)],
+        [[d, *(f.tau[t].get(d) for t in temps)] for d in datasets]
+        + [["all", *(f.tau[t].get("all") for t in temps)]],
+    )
+    lines += [
+        "",
+        "tau: tokens the target emits per verify step with this drafter (plain decoding: 1.0),"
+        " on held-out prompts of each dataset.",
+    ]
+    if f.training:
+        lines += ["", "## Training", ""]
+        lines += [f"- {k}: {v}" for k, v in f.training.items()]
+    lines += [
+        "",
+        "## Serving",
+        "",
+        "SGLang:",
+        "",
+        "```bash",
+        sglang_command(f.target, f.drafter_dir, f.num_steps),
+        "```",
+        "",
+        "vLLM:",
+        "",
+        "```bash",
+        vllm_command(f.target, f.drafter_dir, f.num_steps),
+        "```",
+        "",
+        f"`{f.drafter_dir}` is this directory (or its Hugging Face id once uploaded).",
+        "",
+    ]
+    return "\n".join(lines)

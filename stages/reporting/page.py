@@ -1,0 +1,485 @@
+"""The HTML report: one self-contained file (inline CSS and SVG, no script, no external reference),
+built from the values the report stage gathered.
+
+Sections: the run at a glance (the compact metrics), the data per dataset (length histograms,
+finish reasons and truncation, reasoning presence, tool-call integrity, budget used, failures),
+sample records (reasoning, answer, tool calls and stop token apart, special tokens marked),
+training (loss, replayed tau per evaluation, per-position acceptance), the benchmark (tau per
+dataset and temperature against plain decoding, per-position acceptance) and serving (layer ids,
+launch commands).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+from . import svg
+from .summary import unit
+
+MEASURES = ("prompt", "reasoning", "answer")
+PART_LABELS = {
+    "prompt": "prompt",
+    "reasoning": "reasoning",
+    "answer": "answer",
+    "tool_calls": "tool calls",
+    "stop": "stop token",
+}
+
+
+@dataclass(frozen=True)
+class SampleView:
+    """One generated turn, decoded: `prompt` and each part are (text, is_special) pieces."""
+
+    sample_id: str
+    dataset: str
+    turn: int
+    finish_reason: str
+    facts: Mapping[str, object]  # lengths, tool calls...: shown in the header
+    prompt: Sequence[tuple[str, bool]]
+    parts: Sequence[tuple[str, int, Sequence[tuple[str, bool]]]]  # (kind, tokens, pieces)
+
+
+@dataclass(frozen=True)
+class ReportData:
+    title: str
+    target: str
+    metrics: Mapping[str, object]
+    datasets: Sequence[str]
+    answers: Mapping[str, list[dict]]  # the quality questions' rows, length_histogram included
+    failures: list[dict]
+    samples: Sequence[SampleView]
+    train: Mapping[str, Any]
+    train_loss: list[dict]  # step, loss, ...
+    train_evals: list[dict]  # step, replayed_tau, simulated_tau
+    train_acceptance: list[dict]  # position, accuracy, conditional, unconditional
+    benchmark: Mapping[str, Any]  # reports/benchmark.json
+    serving: Mapping[str, Any] = field(default_factory=dict)  # layer ids, commands
+    max_chars: int = 4000  # per sample part
+
+
+CSS = """
+:root { --fg:#1d2330; --muted:#5b6475; --line:#d9dde5; --bg:#fff; --soft:#f5f6f9; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--fg);
+       background: var(--bg); margin: 0; }
+header.top { padding: 18px 28px 10px; border-bottom: 1px solid var(--line); }
+header.top h1 { margin: 0 0 4px; font-size: 22px; }
+header.top nav a { margin-right: 14px; color: #4269d0; text-decoration: none; }
+main { padding: 8px 28px 40px; max-width: 1500px; }
+h2 { margin: 28px 0 8px; font-size: 18px; border-bottom: 1px solid var(--line);
+     padding-bottom: 4px; }
+h3 { margin: 18px 0 6px; font-size: 15px; }
+.muted { color: var(--muted); }
+.tiles { display: grid; grid-template-columns: repeat(auto-fill, minmax(190px, 1fr)); gap: 8px; }
+.tile { background: var(--soft); border: 1px solid var(--line); border-radius: 6px;
+        padding: 8px 10px; }
+.tile .v { font-size: 20px; font-weight: 600; }
+.tile .k { font-size: 12px; color: var(--muted); word-break: break-all; }
+.charts { display: flex; flex-wrap: wrap; gap: 10px 18px; }
+svg.chart { font-size: 11px; background: #fff; }
+svg.chart .chart-title { font-size: 12px; font-weight: 600; fill: var(--fg); }
+svg.chart .grid { stroke: #eceef3; }
+svg.chart .axis { stroke: #8a93a6; }
+svg.chart .tick, svg.chart .legend, svg.chart .label { fill: var(--muted); }
+svg.chart .reference { stroke: #1d2330; stroke-dasharray: 4 3; }
+table { border-collapse: collapse; margin: 6px 0 10px; font-size: 13px; }
+th, td { border: 1px solid var(--line); padding: 3px 8px; text-align: right; }
+th { background: var(--soft); font-weight: 600; }
+td.text, th.text { text-align: left; }
+td.error { text-align: left; color: #b3261e; font-family: ui-monospace, monospace; }
+article.sample { border: 1px solid var(--line); border-radius: 6px; margin: 10px 0; }
+article.sample > header { background: var(--soft); padding: 6px 10px; font-size: 13px; }
+.part { border-left: 4px solid var(--line); margin: 6px 10px; padding: 2px 8px; }
+.part .tag { font-size: 11px; font-weight: 600; text-transform: uppercase; letter-spacing: .04em; }
+.part pre { margin: 2px 0 4px; white-space: pre-wrap; word-break: break-word; max-height: 320px;
+            overflow: auto; font: 12px/1.4 ui-monospace, SFMono-Regular, Menlo, monospace; }
+.part.prompt { border-color: #9aa3b5; } .part.prompt .tag { color: #5b6475; }
+.part.reasoning { border-color: #efb118; background: #fffaf0; }
+.part.reasoning .tag { color: #9a6d00; }
+.part.answer { border-color: #3ca951; background: #f3fbf5; } .part.answer .tag { color: #23753a; }
+.part.tool_calls { border-color: #4269d0; background: #f2f5fd; }
+.part.tool_calls .tag { color: #2c4a9e; }
+.part.stop { border-color: #a463f2; } .part.stop .tag { color: #6f3bb5; }
+span.special { background: #ebe3fb; color: #5b2a9e; border-radius: 3px; padding: 0 2px; }
+code.cmd { display: block; background: var(--soft); border: 1px solid var(--line); padding: 6px 8px;
+           white-space: pre-wrap; word-break: break-all; font-size: 12px; }
+"""
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return escape(f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return escape(f"{value:,}")
+    return escape("-" if value is None else str(value))
+
+
+def table(rows: Sequence[Mapping[str, object]], columns: Sequence[str] | None = None) -> str:
+    if not rows:
+        return '<p class="muted">(none)</p>'
+    columns = list(columns or rows[0])
+    head = "".join(
+        f'<th class="{"text" if isinstance(rows[0].get(c), str) else ""}">{escape(c)}</th>'
+        for c in columns
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="{"text" if isinstance(r.get(c), str) else ""}">{_cell(r.get(c))}</td>'
+            for c in columns
+        )
+        + "</tr>"
+        for r in rows
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _charts(items: Sequence[str]) -> str:
+    drawn = [c for c in items if c]
+    return f'<div class="charts">{"".join(drawn)}</div>' if drawn else ""
+
+
+def _by(rows: Sequence[Mapping], key: str = "dataset") -> dict[str, Mapping]:
+    return {str(r[key]): r for r in rows}
+
+
+def _glance(metrics: Mapping[str, object]) -> str:
+    tiles = []
+    for key, value in metrics.items():
+        shown = f"{value:.1%}" if key.endswith("_share") and isinstance(value, float) else None
+        tiles.append(
+            f'<div class="tile"><div class="v">{escape(shown or _cell(value))}</div>'
+            f'<div class="k">{escape(key)}<br>{escape(unit(key))}</div></div>'
+        )
+    return f'<div class="tiles">{"".join(tiles)}</div>'
+
+
+def _data_overview(d: ReportData) -> str:
+    names = list(d.datasets)
+    fin = _by(d.answers.get("finish_reasons", []))
+    rea = _by(d.answers.get("reasoning_presence", []))
+    tools = _by(d.answers.get("tool_call_integrity", []))
+    budget = _by(d.answers.get("budget_used", []))
+
+    def col(rows: Mapping[str, Mapping], key: str) -> list[float | None]:
+        return [rows.get(n, {}).get(key) for n in names]
+
+    charts = [
+        svg.bars(
+            names,
+            {
+                "stop": col(fin, "stop_share"),
+                "length (truncated)": col(fin, "truncated_share"),
+                "abort (failed)": col(fin, "failed_share"),
+            },
+            title="Finish reasons (share of replies)",
+            x_label="dataset",
+            y_label="share",
+            stacked=True,
+            y_max=1.0,
+            name="finish-reasons",
+        ),
+        svg.bars(
+            names,
+            {
+                "opened": col(rea, "reasoning_opened_share"),
+                "closed": col(rea, "reasoning_closed_share"),
+                "empty": col(rea, "empty_reasoning_share"),
+            },
+            title="Reasoning presence (share of replies)",
+            x_label="dataset",
+            y_label="share",
+            y_max=1.0,
+            name="reasoning-presence",
+        ),
+        svg.bars(
+            names,
+            {
+                "tools offered": col(tools, "tools_offered_share"),
+                "calls a tool": col(tools, "tool_call_share"),
+                "call left open": col(tools, "unbalanced_share"),
+            },
+            title="Tool-call integrity (share of completed replies)",
+            x_label="dataset",
+            y_label="share",
+            y_max=1.0,
+            name="tool-calls",
+        ),
+        svg.bars(
+            names,
+            {"budget used": col(budget, "budget_used_share")},
+            title="Token budget used (share)",
+            x_label="dataset",
+            y_label="share",
+            name="budget-used",
+        ),
+    ]
+    rows = []
+    for n in names:
+        rows.append(
+            {
+                "dataset": n,
+                "replies": fin.get(n, {}).get("samples"),
+                "stop": fin.get(n, {}).get("stop_share"),
+                "truncated": fin.get(n, {}).get("truncated_share"),
+                "failed": fin.get(n, {}).get("failed"),
+                "reasoning closed": rea.get(n, {}).get("reasoning_closed_share"),
+                "reasoning empty": rea.get(n, {}).get("empty_reasoning_share"),
+                "calls a tool": tools.get(n, {}).get("tool_call_share"),
+                "tool calls": tools.get(n, {}).get("tool_calls"),
+                "calls left open": tools.get(n, {}).get("unbalanced_share"),
+                "generated tokens": budget.get(n, {}).get("generated_tokens"),
+                "budget tokens": budget.get(n, {}).get("budget_tokens"),
+                "budget used": budget.get(n, {}).get("budget_used_share"),
+            }
+        )
+    return _charts(charts) + table(rows)
+
+
+def buckets(rows: Sequence[Mapping]) -> list[dict]:
+    """Histogram rows (bucket, bucket_start, samples) with the empty buckets between the first
+    and the last filled in as zeros: the query returns only buckets that hold replies."""
+    rows = sorted(rows, key=lambda r: r["bucket"])
+    if len(rows) < 2:
+        return [dict(r) for r in rows]
+    first, last = rows[0], rows[-1]
+    width = (last["bucket_start"] - first["bucket_start"]) / (last["bucket"] - first["bucket"])
+    held = {r["bucket"]: r["samples"] for r in rows}
+    return [
+        {
+            "bucket": b,
+            "bucket_start": round(first["bucket_start"] + (b - first["bucket"]) * width),
+            "samples": held.get(b, 0),
+        }
+        for b in range(first["bucket"], last["bucket"] + 1)
+    ]
+
+
+def _lengths(d: ReportData) -> str:
+    hist = d.answers.get("length_histogram", [])
+    dist = d.answers.get("length_distribution", [])
+    out = []
+    for n in d.datasets:
+        charts = []
+        for m in MEASURES:
+            rows = buckets([r for r in hist if r["dataset"] == n and r["measure"] == m])
+            if not rows:
+                charts.append(f'<p class="muted">{escape(n)}: no {m} lengths (none closed)</p>')
+                continue
+            charts.append(
+                svg.bars(
+                    [svg.number(r["bucket_start"]) for r in rows],
+                    {"replies": [r["samples"] for r in rows]},
+                    title=f"{n}: {m} length",
+                    x_label=f"{m} tokens (bucket start)",
+                    y_label="replies",
+                    width=340,
+                    height=200,
+                    name=f"hist-{n}-{m}",
+                )
+            )
+        out.append(f"<h3>{escape(n)}</h3>" + _charts(charts))
+        out.append(
+            table(
+                [r for r in dist if r["dataset"] == n],
+                ["measure", "n", "min", "p5", "p50", "p95", "max", "mean"],
+            )
+        )
+    return "".join(out)
+
+
+def _pieces(pieces: Sequence[tuple[str, bool]], limit: int) -> str:
+    out, used = [], 0
+    for text, special in pieces:
+        if used >= limit:
+            break
+        if not special and used + len(text) > limit:
+            left = sum(len(t) for t, _ in pieces) - used - (limit - used)
+            text = text[: limit - used] + f" … ({left:,} more characters)"
+        used += len(text)
+        out.append(f'<span class="special">{escape(text)}</span>' if special else escape(text))
+    return "".join(out)
+
+
+def _sample(s: SampleView, limit: int) -> str:
+    facts = " · ".join(f"{escape(k)} {_cell(v)}" for k, v in s.facts.items())
+    parts = [
+        '<div class="part prompt"><span class="tag">prompt (decoded, end)</span>'
+        f"<pre>{_pieces(s.prompt, limit)}</pre></div>"
+    ]
+    for kind, tokens, pieces in s.parts:
+        parts.append(
+            f'<div class="part {escape(kind)}"><span class="tag">'
+            f"{escape(PART_LABELS.get(kind, kind))}</span> "
+            f'<span class="muted">{tokens:,} token{"" if tokens == 1 else "s"}</span>'
+            f"<pre>{_pieces(pieces, limit)}</pre></div>"
+        )
+    return (
+        f'<article class="sample" id="sample-{escape(s.sample_id)}"><header>'
+        f"<b>{escape(s.sample_id)}</b> · turn {s.turn} · finish {escape(s.finish_reason)} · "
+        f"{facts}</header>{''.join(parts)}</article>"
+    )
+
+
+def _samples(d: ReportData) -> str:
+    out = [
+        '<p class="muted">Decoded from the stored ids with the target\'s tokenizer; '
+        '<span class="special">special tokens</span> are shown where they sit. Parts are cut '
+        "by token role: reasoning up to the end-of-reasoning token, the answer, tool-call "
+        "sections, and the stop token.</p>"
+    ]
+    for n in d.datasets:
+        mine = [s for s in d.samples if s.dataset == n]
+        out.append(f"<h3>{escape(n)}</h3>")
+        out += [_sample(s, d.max_chars) for s in mine] or ['<p class="muted">(none)</p>']
+    return "".join(out)
+
+
+def _training(d: ReportData) -> str:
+    loss = [(float(r["step"]), float(r["loss"])) for r in d.train_loss if r.get("loss") is not None]
+    charts = [
+        svg.lines(
+            {"loss": loss},
+            title="Training loss",
+            x_label="step",
+            y_label="loss",
+            name="train-loss",
+        )
+        if loss
+        else "",
+    ]
+    evals = {
+        key: [(float(r["step"]), float(r[key])) for r in d.train_evals if r.get(key) is not None]
+        for key in ("replayed_tau", "simulated_tau")
+    }
+    if any(evals.values()):
+        charts.append(
+            svg.lines(
+                evals,
+                title="Acceptance length on the eval split",
+                x_label="step",
+                y_label="tau (tokens per step)",
+                points=True,
+                name="train-tau",
+            )
+        )
+    acc = d.train_acceptance
+    if acc:
+        charts.append(
+            svg.bars(
+                [str(r["position"]) for r in acc],
+                {k: [r.get(k) for r in acc] for k in ("accuracy", "conditional", "unconditional")},
+                title="Per-position acceptance (best checkpoint)",
+                x_label="draft position",
+                y_label="share",
+                y_max=1.0,
+                name="train-acceptance",
+            )
+        )
+    summary = [{"figure": k, "value": v} for k, v in d.train.items()]
+    return _charts(charts) + table(summary) if summary or loss else '<p class="muted">(none)</p>'
+
+
+def _benchmark(d: ReportData) -> str:
+    temps: Mapping[str, Mapping] = d.benchmark.get("temperatures", {})
+    if not temps:
+        return '<p class="muted">(no benchmark)</p>'
+    datasets = sorted({n for t in temps.values() for n in t.get("datasets", {})})
+    tau = {
+        f"T = {t}": [v.get("datasets", {}).get(n, {}).get("tau") for n in datasets] + [v.get("tau")]
+        for t, v in temps.items()
+    }
+    charts = [
+        svg.bars(
+            [*datasets, "all"],
+            tau,
+            title="tau per dataset against plain decoding",
+            x_label="dataset",
+            y_label="tokens per verify step",
+            reference=(1.0, "baseline 1.0"),
+            name="benchmark-tau",
+        )
+    ]
+    steps = int(d.benchmark.get("num_steps") or 0)
+    for kind in ("conditional", "unconditional"):
+        series = {f"T = {t}": list(v.get(kind) or []) for t, v in temps.items()}
+        if any(series.values()):
+            charts.append(
+                svg.bars(
+                    [str(k + 1) for k in range(steps)],
+                    series,
+                    title=f"Per-position acceptance, {kind}",
+                    x_label="draft position",
+                    y_label="share",
+                    y_max=1.0,
+                    name=f"benchmark-{kind}",
+                )
+            )
+    rows = []
+    for t, v in temps.items():
+        for n in [*datasets, "all"]:
+            r = v if n == "all" else v.get("datasets", {}).get(n, {})
+            if r:
+                rows.append(
+                    {
+                        "temperature": t,
+                        "dataset": n,
+                        "prompts": r.get("prompts"),
+                        "tau": r.get("tau"),
+                        "baseline tau": r.get("baseline_tau", 1.0),
+                        "conditional": " / ".join(
+                            "-" if x is None else f"{x:.2f}" for x in r.get("conditional") or []
+                        ),
+                        "outputs equal baseline": r.get("outputs_equal_baseline"),
+                    }
+                )
+    engine = escape(str(d.benchmark.get("engine", "")))
+    return (
+        f'<p class="muted">Chain of {steps} drafts, top-k 1; engine: {engine}. tau counts the '
+        "tokens emitted per target verify step (plain decoding: 1.0).</p>"
+        + _charts(charts)
+        + table(rows)
+    )
+
+
+def _serving(d: ReportData) -> str:
+    s = d.serving
+    ids = s.get("layer_ids") or {}
+    rows = [{"engine": k, "layer ids": str(v)} for k, v in ids.items()]
+    out = [table(rows)]
+    for label, key in (("SGLang", "sglang_command"), ("vLLM", "vllm_command")):
+        if s.get(key):
+            out.append(f'<h3>{label}</h3><code class="cmd">{escape(str(s[key]))}</code>')
+    if s.get("card"):
+        out.append(f'<p class="muted">Model card: {escape(str(s["card"]))}</p>')
+    return "".join(out)
+
+
+def render(d: ReportData) -> str:
+    sections = [
+        ("glance", "Run at a glance", _glance(d.metrics)),
+        ("data", "Data per dataset", _data_overview(d)),
+        ("lengths", "Length distributions", _lengths(d)),
+        ("failures", "Failures", table(d.failures)),
+        ("samples", "Sample records", _samples(d)),
+        ("training", "Training", _training(d)),
+        ("benchmark", "Benchmark", _benchmark(d)),
+        ("serving", "Serving", _serving(d)),
+    ]
+    nav = "".join(f'<a href="#{k}">{escape(t)}</a>' for k, t, _ in sections)
+    body = "".join(
+        f'<section id="{k}"><h2>{escape(t)}</h2>{html}</section>' for k, t, html in sections
+    )
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(d.title)}</title>"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<style>{CSS}</style></head><body>"
+        f'<header class="top"><h1>{escape(d.title)}</h1>'
+        f'<div class="muted">target {escape(d.target)}</div><nav>{nav}</nav></header>'
+        f"<main>{body}</main></body></html>\n"
+    )

@@ -1,0 +1,135 @@
+"""DuckDB by hand (`eagle-pipeline query`, `python -m stages.query`) over a small synthetic run's
+raw data, and the console script's other commands."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shlex
+
+import pytest
+
+from stages import console, query
+from stages.queries import QUERY_DIR
+from stages.queries.session import catalog, description, is_view, open_session, parameters
+from stages.reporting.text import text_table
+from tests.conftest import ROOT
+from tests.reportdata import write_run
+from tests.stage_runner import run_stage
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("project")
+    write_run(root)
+    return root
+
+
+def ask(project, monkeypatch, capsys, *args):
+    monkeypatch.chdir(project)
+    return run_stage(query.main, list(args), monkeypatch, capsys)
+
+
+def test_every_question_says_what_it_asks():
+    names = [n for n, _ in catalog()]
+    assert "samples" not in names and "length_distribution" in names  # a view is no question
+    assert is_view("samples")
+    for path in QUERY_DIR.glob("*.sql"):
+        assert description(path.stem), f"{path.name}: start it with a one-line -- comment"
+    assert parameters("longest_replies") == ["limit"]
+
+
+def test_list_questions(project, monkeypatch, capsys):
+    code, out, _ = ask(project, monkeypatch, capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == len(catalog())
+    assert any(
+        line.startswith("reasoning_unclosed") and "never closed" in line and "[limit]" in line
+        for line in lines
+    )
+
+
+def test_named_question_for_one_dataset(project, monkeypatch, capsys):
+    code, out, _ = ask(project, monkeypatch, capsys, "length_distribution", "--dataset", "chat")
+    assert code == 0, out
+    header, rule, *rows, count = out.splitlines()
+    assert header.split() == ["dataset", "measure", "n", "min", "p5", "p50", "p95", "max", "mean"]
+    assert {r.split()[1] for r in rows} == {"answer", "completion", "prompt", "reasoning", "total"}
+    assert all(r.split()[0] == "chat" for r in rows) and count == "(5 rows)"
+
+
+def test_unclosed_reasoning_and_longest_replies(project, monkeypatch, capsys):
+    code, out, _ = ask(project, monkeypatch, capsys, "reasoning_unclosed", "--json")
+    rows = json.loads(out)
+    assert {(r["sample_id"], r["finish_reason"]) for r in rows} == {
+        ("chat/6", "length"),
+        ("tools/6", "length"),
+    }
+    code, out, _ = ask(project, monkeypatch, capsys, "longest_replies", "-p", "limit=3", "--csv")
+    table = list(csv.DictReader(io.StringIO(out)))
+    assert len(table) == 3
+    lengths = [int(r["completion_tokens"]) for r in table]
+    assert lengths == sorted(lengths, reverse=True)
+
+
+def test_any_sql_with_views(project, monkeypatch, capsys):
+    sql = "SELECT dataset, count(*) AS turns FROM raw GROUP BY ALL ORDER BY 1"
+    code, out, _ = ask(project, monkeypatch, capsys, "--sql", sql, "--json")
+    assert code == 0 and [r["turns"] for r in json.loads(out)] == [8, 8]
+    code, _, err = ask(project, monkeypatch, capsys, "--sql", "SELECT * FROM merged")
+    assert code == 1 and "merged" in err and "views defined: raw, samples, budgets" in err
+    code, _, err = ask(project, monkeypatch, capsys, "no_such_question")
+    assert code == 1 and "known: budget_used" in err
+
+
+def test_session_views(tmp_path):
+    con, views = open_session(budgets={"a": 5})
+    assert views == ["budgets"]
+    assert con.execute("SELECT * FROM budgets").fetchall() == [("a", 5)]
+
+
+def test_text_table_aligns_and_counts():
+    text = text_table(["name", "n", "ids"], [("a", 1, [1, 2, 3, 4, 5]), ("bb", 10.5, None)])
+    assert text.splitlines() == [
+        "name     n  ids",
+        "----  ----  -------------------",
+        "a        1  [1, 2, 3, 4, …] (5)",
+        "bb    10.5  NULL",
+        "(2 rows)",
+    ]
+
+
+def test_console_groups_the_hand_commands(capsys):
+    names = {c.name or c.callback.__name__ for c in console.app.registered_commands}
+    assert names == {"query", "report", "estimate", "launch-line"}
+    assert 'eagle-pipeline = "stages.console:main"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_report_command_takes_its_paths_from_dvc_yaml():
+    args = console.stage_args(ROOT / "dvc.yaml", "report", "stages.report")
+    assert args[:2] == ["--raw-dir", "data/raw"] and "--out" in args
+    assert args[args.index("--metrics") + 1] == "reports/metrics.json"
+
+
+def test_launch_line(monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    code, out, _ = run_stage(console.launch_line, [], monkeypatch, capsys)
+    words = shlex.split(out)
+    assert code == 0 and words[1:3] == ["-m", "sglang.launch_server"]
+    assert words[words.index("--model-path") + 1] == "data/demo/target"
+    code, out, _ = run_stage(
+        console.launch_line, ["--drafter", "models/drafter"], monkeypatch, capsys
+    )
+    words = shlex.split(out)
+    assert words[words.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert words[words.index("--speculative-num-steps") + 1] == "3"
+
+
+def test_console_usage_errors_are_one_line(monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["eagle-pipeline", "no-such-command"])
+    with pytest.raises(SystemExit) as done:
+        console.main()
+    assert done.value.code == 2
+    assert capsys.readouterr().err.strip() == "error: No such command 'no-such-command'."

@@ -1,0 +1,204 @@
+"""The report stage on a small synthetic run (tests/reportdata.py): the HTML page, the compact
+metrics and the model card; and the library pieces under it (reply anatomy, charts, metrics)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from stages import report
+from stages.reporting import svg
+from stages.reporting.anatomy import decode_marked, split_reply
+from stages.reporting.page import buckets
+from stages.reporting.summary import UNITS, run_metrics, tau_key, unit
+from stages.target.tokens import TokenRoles
+from tests.conftest import ROOT
+from tests.reportdata import DATASETS, ERROR, write_run
+
+DETAILED = (  # the stages' detailed reports: plain outputs, kept in git, not metrics
+    "reports/prep/${key}.json",
+    "reports/generate/${key}.json",
+    "reports/merge.json",
+    "reports/quality.json",
+    "reports/vocab.json",
+    "reports/extract.json",
+    "reports/train.json",
+    "reports/benchmark.json",
+)
+
+ROLES = TokenRoles(
+    think=12,
+    end_think=13,
+    tool_call_begin=9,
+    tool_call_end=11,
+    tool_section_begin=7,
+    tool_section_end=8,
+    end_of_turn=2,
+    eos=1,
+)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    paths = write_run(root)
+    report.main(**{k.replace("-", "_"): v for k, v in paths.items()}, params=root / "params.yaml")
+    return paths
+
+
+def test_split_reply_by_token_role():
+    ids = [50, 51, 13, 60, 61, 7, 9, 70, 10, 71, 11, 8, 62, 2]
+    parts = split_reply(ids, ROLES, reasoning_open=True)
+    assert [(p.kind, p.ids) for p in parts] == [
+        ("reasoning", [50, 51, 13]),
+        ("answer", [60, 61]),
+        ("tool_calls", [7, 9, 70, 10, 71, 11, 8]),
+        ("answer", [62]),
+        ("stop", [2]),
+    ]
+    assert sum((p.ids for p in parts), []) == ids
+
+
+def test_split_reply_unclosed_reasoning_and_open_call():
+    assert [p.kind for p in split_reply([50, 51, 52], ROLES, True)] == ["reasoning"]
+    no_think = split_reply([60, 7, 9, 70], ROLES, reasoning_open=False)  # cut inside a call
+    assert [(p.kind, p.ids) for p in no_think] == [("answer", [60]), ("tool_calls", [7, 9, 70])]
+    written = split_reply([12, 50, 13, 60, 1], ROLES, reasoning_open=False)  # think written
+    assert [(p.kind, p.ids) for p in written] == [
+        ("reasoning", [12, 50, 13]),
+        ("answer", [60]),
+        ("stop", [1]),
+    ]
+
+
+def test_decode_marked_keeps_special_tokens_apart():
+    words = {1: "a", 2: "b", 9: "<S>"}
+    pieces = decode_marked([1, 2, 9, 1], lambda ids: "".join(words[i] for i in ids), {9})
+    assert pieces == [("ab", False), ("<S>", True), ("a", False)]
+
+
+def test_charts_are_inline_svg_with_marks():
+    chart = svg.bars(["a", "b"], {"x": [1, 2], "y": [0.5, None]}, title="t", x_label="", y_label="")
+    assert chart.startswith('<svg class="chart"') and chart.endswith("</svg>")
+    assert chart.count('class="mark"') == 4 and "http" not in chart
+    line = svg.lines({"loss": [(1, 3.0), (2, 2.0)]}, title="t", x_label="", y_label="")
+    assert line.count('class="mark"') == 1
+    assert svg.nice_ticks(0, 0.87) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
+
+
+def test_histogram_gaps_are_zero_buckets():
+    rows = [
+        {"bucket": 0, "bucket_start": 10, "samples": 2},
+        {"bucket": 3, "bucket_start": 40, "samples": 1},
+    ]
+    assert [(r["bucket_start"], r["samples"]) for r in buckets(rows)] == [
+        (10, 2),
+        (20, 0),
+        (30, 0),
+        (40, 1),
+    ]
+
+
+def test_metrics_are_few_and_name_their_unit():
+    m = run_metrics(
+        generate={"a": {"samples": 3, "tokens": 30}, "b": {"samples": 2, "tokens": 10}},
+        merge={"summary": {"train": {"supervised_tokens": 25}}},
+        answers={
+            "reasoning_presence": [
+                {"dataset": "a", "reasoning_closed_share": 0.9},
+                {"dataset": "b", "reasoning_closed_share": 0.5},
+            ],
+            "finish_reasons": [
+                {"dataset": "a", "truncated_share": 0.1},
+                {"dataset": "b", "truncated_share": 0.0},
+            ],
+            "tool_call_integrity": [
+                {"dataset": "a", "tool_call_share": 0.2},
+                {"dataset": "b", "tool_call_share": 0.7},
+            ],
+        },
+        expect={"a": (True, False), "b": (False, True)},
+        vocab={"coverage": 0.99},
+        extract={"tokens_per_s": 0.0},  # a resumed extraction that had nothing left
+        train={"best_replayed_tau": 2.5, "tokens_per_s": 900.0},
+        benchmark={"temperatures": {"0.0": {"tau": 2.6}, "0.7": {"tau": 2.1}}},
+    )
+    assert m == {
+        "generated_samples": 5,
+        "generated_tokens": 40,
+        "train_supervised_tokens": 25,
+        "reasoning_closed_min_share": 0.9,  # b expects no reasoning
+        "truncated_max_share": 0.1,
+        "tool_call_min_share": 0.7,  # only b expects tool calls
+        "vocab_coverage_share": 0.99,
+        "replayed_tau_best_tokens_per_step": 2.5,
+        "benchmark_tau_t0_tokens_per_step": 2.6,
+        "benchmark_tau_t0.7_tokens_per_step": 2.1,
+        "extract_tokens_per_s": None,
+        "train_tokens_per_s": 900.0,
+    }
+    assert all(unit(k) for k in m) and len(m) <= 14
+    assert tau_key("1.0") == "benchmark_tau_t1_tokens_per_step"
+    assert set(UNITS) >= {"_share", "_tokens_per_s"}
+
+
+def test_report_page(run):
+    html = run["out"].read_text()
+    assert html.startswith("<!DOCTYPE html>")
+    for name in DATASETS:
+        assert f"<h3>{name}</h3>" in html
+        for measure in ("prompt", "reasoning", "answer"):
+            assert f'data-chart="hist-{name}-{measure}"' in html
+    assert ERROR in html.replace("&quot;", '"')  # the failure, with its message
+    # samples: the parts apart, special tokens marked where they sit
+    for kind in ("reasoning", "answer", "tool_calls", "stop"):
+        assert f'class="part {kind}"' in html
+    assert '<span class="special">&lt;/think&gt;</span>' in html
+    assert '<span class="special">&lt;|tool_call_begin|&gt;</span>' in html
+    assert "functions.get_weather:0" in html
+    for chart in ("train-loss", "train-tau", "train-acceptance", "benchmark-tau"):
+        assert f'data-chart="{chart}"' in html
+    assert "baseline 1.0" in html
+    assert not re.search(r"""(?:src|href)=["']?https?:""", html)
+
+
+def test_metrics_file(run):
+    m = json.loads(run["metrics"].read_text())
+    assert m["generated_samples"] == 16 and m["truncated_max_share"] == 0.125
+    assert m["benchmark_tau_t0.7_tokens_per_step"] == 2.2
+    assert m["tool_call_min_share"] == 0.5  # 3 of the 6 tools replies that stopped call one
+    assert all(unit(k) for k in m)
+
+
+def test_model_card(run):
+    text = run["card"].read_text()
+    front, body = text.split("---\n")[1:3]
+    meta = yaml.safe_load(front)
+    assert meta["base_model"] == "example-org/demo-target"
+    assert meta["license"] == "apache-2.0" and "eagle3" in meta["tags"]
+    assert "| chat | 6 | 900 | 400 |" in body  # the data mix with token counts
+    assert "[1, 3, 4]" in body and "[2, 4, 5]" in body  # SGLang's and vLLM's layer ids
+    assert "| tools | 3.10 | 2.60 |" in body  # tau per dataset and temperature
+    assert "--speculative-algorithm EAGLE3" in body
+    assert "vllm serve example-org/demo-target --speculative-config" in body
+    assert '"method": "eagle3"' in body
+
+
+def test_dvc_yaml_declares_one_metrics_file_after_the_benchmark():
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    bodies = {name: spec.get("do", spec) for name, spec in stages.items()}
+
+    def named(entries: list) -> dict:
+        return {next(iter(e)) if isinstance(e, dict) else e: e for e in entries}
+
+    metrics = [m for body in bodies.values() for m in named(body.get("metrics", []))]
+    assert metrics == ["reports/metrics.json"]
+    outs = {path: e for body in bodies.values() for path, e in named(body.get("outs", [])).items()}
+    for path in DETAILED:
+        assert outs[path] == {path: {"cache": False}}, path
+    deps = bodies["report"]["deps"]
+    assert {"reports/benchmark.json", "reports/train.json", "models/drafter"} <= set(deps)
+    assert "models/card/README.md" in named(bodies["report"]["outs"])
