@@ -23,9 +23,18 @@ class StageError(RuntimeError):
 
 
 # OS errors a stage reports in one line: a full disk or quota, a folder it may not write, an
-# output folder another process holds (stages/runtime/io.py WriteFailed, OutputLocked)
+# output folder another process holds (stages/runtime/io.py WriteFailed, OutputLocked), another
+# torchrun rank lost (stages/runtime/parallel.py CollectiveFailed)
 ONE_LINE_ERRNOS = frozenset(
-    {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EBUSY}
+    {
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.EROFS,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EBUSY,
+        errno.ECONNABORTED,
+    }
 )
 
 

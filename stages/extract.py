@@ -6,11 +6,11 @@ offset, length) and data/hidden/meta.json (which HF hidden-state indices, and th
 make SGLang and vLLM capture the same ones). Shards are the unit of resume.
 
 The engine (`extract.engine`) is behind one interface, stages/target/capture.py `Capture`:
-`hf` loads the whole target in every process and, under torchrun, each rank extracts the shards
-with index = rank (mod world size); `sglang` runs SGLang's model runner tensor parallel over all
-ranks (torchrun --nproc-per-node extract.sglang.tp_size), every rank runs every forward and
-rank 0 alone writes. Before the run: the storage, the host buffers, and the hours projected from
-one timed batch.
+`hf` loads the whole target in every process and, under torchrun, each rank extracts every
+world-size-th shard of those left (in a fresh run: index = rank mod world size); `sglang` runs
+SGLang's model runner tensor parallel over all ranks (torchrun --nproc-per-node
+extract.sglang.tp_size), every rank runs every forward and rank 0 alone writes. Before the run:
+the storage, the host buffers, and the hours projected from one timed batch.
 """
 
 from __future__ import annotations
@@ -177,7 +177,9 @@ def _extract(
             if problem != "missing":
                 print(f"[extract] {hidden.shard_path(out_dir, k)}: {problem}; extracting it again")
     _barrier(world)  # every rank has its list before a shard is written: TP ranks must agree
-    mine = [k for k in todo if k % role.groups == role.group]
+    # every groups-th shard of those left: a rerun after a rank died splits its shards over all
+    # groups instead of leaving them to one while the others wait at the last barrier
+    mine = todo[role.group :: role.groups]
     left = sum(r["length"] for k in todo for r in plan[k])
     buffer_tokens = max((sum(r["length"] for r in plan[k]) for k in mine), default=0)
     if rank == 0:
@@ -278,7 +280,8 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
     target = config.TargetParams(**{**target.__dict__, "device": str(device)})
     if rank.main:
         remove_stale_temps_around(report)  # the folder `out` is cleaned by extract() itself
-    metrics = extract(merged, out, ext, target, rank.rank, rank.world)
+    with parallel.collective_failures_named(rank):
+        metrics = extract(merged, out, ext, target, rank.rank, rank.world)
     if rank.main:
         write_json(metrics, report)
         print(f"[extract] {metrics}")

@@ -30,7 +30,7 @@ from .artifacts.raw import (
     read_raw,
 )
 from .cli import PathOpt, StageError, params_key, run
-from .engines import AuthError, Completion, Sampling
+from .engines import AuthError, Completion, EngineError, Sampling
 from .engines.monitor import Backlog, GenerationMonitor, run_backlog
 from .engines.turns import Output, RenderPrompt, TurnQueue
 from .runtime.io import (
@@ -227,17 +227,25 @@ def _generate_dataset(
             api_key=getattr(engine, "api_key", None),
         )
         buffer: list[dict] = []
-        for done in engine.generate(requests(), sampling):
-            prompt = queue.complete(done)
-            buffer.append(completion_row(prompt, done, roles, engine.name, fp, tokenizer))
-            state["tokens"] += len(done.output_ids)
-            state["new"] += 1
-            monitor.update(done)
-            if len(buffer) >= gen.append_every:
+
+        def flush() -> None:
+            if buffer:
                 append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
                 buffer.clear()
-        if buffer:
-            append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
+
+        try:
+            for done in engine.generate(requests(), sampling):
+                prompt = queue.complete(done)
+                buffer.append(completion_row(prompt, done, roles, engine.name, fp, tokenizer))
+                state["tokens"] += len(done.output_ids)
+                state["new"] += 1
+                monitor.update(done)
+                if len(buffer) >= gen.append_every:
+                    flush()
+        except EngineError:  # the servers gave up: the replies already back are kept
+            flush()
+            raise
+        flush()
         monitor.print()
     else:
         print(f"[generate {name}] nothing left to generate: no engine started")

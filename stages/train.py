@@ -112,7 +112,10 @@ def main(
     rank, device = parallel.start(resolve_device(p.device))
     # rank 0 holds the checkpoint folder's lock for the whole run: a second training writing the
     # same checkpoints is refused
-    with output_lock(checkpoint_dir, "train") if rank.main else contextlib.nullcontext():
+    with (
+        output_lock(checkpoint_dir, "train") if rank.main else contextlib.nullcontext(),
+        parallel.collective_failures_named(rank),
+    ):
         if rank.main:
             # what a killed run left half-written: checkpoints, `models/.drafter.tmp-<pid>`,
             # reports and plots
@@ -195,7 +198,7 @@ def _train(
             f"{s.total_steps} steps, draft {sum(x.numel() for x in drafter.parameters()):,} "
             f"parameters on {device} x {rank.world}"
         )
-    objective = Objective(drafter, embed.float(), head.float(), p.ttt_steps, p.decay)
+    objective = Objective(drafter, embed, head, p.ttt_steps, p.decay)
     history = train(objective, train_set, eval_set, s, checkpoint_dir, device, rank)
     if rank.main:
         best_path = checkpoint_dir / "best.pt"
@@ -225,6 +228,7 @@ def _train(
             "eval_num_steps": p.eval_num_steps,
             "world_size": rank.world,
             "tokens_per_s": round(history.tokens_per_s, 1),
+            "warmup_s": round(history.warmup_seconds, 1),
         }
         write_json(metrics, report)
         write_csv(history.steps, plots / "train_loss.csv")

@@ -108,6 +108,17 @@ def stage_env() -> dict[str, str]:
     return env
 
 
+def torchrun(world: int, script: Path) -> list[str]:
+    """The command running `script` as `world` processes of one host under torchrun."""
+    return [
+        str(Path(sys.executable).parent / "torchrun"),
+        "--standalone",
+        "--nproc-per-node",
+        str(world),
+        str(script),
+    ]
+
+
 def stage(module: str, args: list, tmp: Path, world: int = 1) -> tuple[str, Path | None]:
     """(output, record dir) of `python -m module args`, or of torchrun with `world` processes."""
     env = stage_env()
@@ -117,14 +128,7 @@ def stage(module: str, args: list, tmp: Path, world: int = 1) -> tuple[str, Path
         record = tmp / f"record-{module}-{world}"
         record.mkdir()
         env.update(RECORD_DIR=str(record), RECORD_ROOT=str(tmp))
-        cmd = [
-            str(Path(sys.executable).parent / "torchrun"),
-            "--standalone",
-            "--nproc-per-node",
-            str(world),
-            str(RECORDER),
-            module,
-        ]
+        cmd = [*torchrun(world, RECORDER), module]
     proc = subprocess.run([*cmd, *map(str, args)], cwd=tmp, env=env, capture_output=True, text=True)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
@@ -251,6 +255,7 @@ def test_train_under_torchrun_matches_one_process(runs):
     )
     assert (one.pop("world_size"), many.pop("world_size")) == (1, WORLD)
     assert one.pop("tokens_per_s") > 0 and many.pop("tokens_per_s") > 0
+    assert one.pop("warmup_s") >= 0 and many.pop("warmup_s") >= 0
     assert many == pytest.approx(one, rel=1e-4)
     output, record = runs[f"train-{WORLD}"]
     assert output.count("[train] eval step 2") == 1  # one rank reports

@@ -34,6 +34,7 @@ ROPE_REQUIRED_KEYS = {  # what each scaling type needs (the engines' fallbacks a
     "yarn": ("factor", "original_max_position_embeddings"),
 }
 ROPE_CHOICES = ("mirror", "plain")
+COMPILE_SCOPES = ("none", "norms_mlp")
 # Fields only multi-head latent attention (DeepSeek-V2/V3, Kimi-K2/K2.5) configs carry.
 MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim")
 
@@ -404,9 +405,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
+        """In float32, weight included, rounded once to the input's dtype (as SGLang's fused
+        kernel): under autocast a bf16 input stays bf16 instead of meeting a float32 weight."""
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return (x32 * self.weight.float()).to(x.dtype)
 
 
 @dataclass
@@ -633,6 +636,22 @@ class Eagle3Drafter(nn.Module):
         # Not a buffer: casting the model to bf16 must not round the rotary frequencies.
         self.inv_freq = rope_inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.rope_magnitude = rope_magnitude(cfg.rope_scaling)
+
+    def compile_parts(self, scope: str) -> None:
+        """Fuse the elementwise work between the GEMMs (norm statistics, SiLU gate, residual adds)
+        with torch.compile, for a GPU: "none" leaves the model eager, "norms_mlp" compiles each
+        norm and the MLP (small graphs, no control flow; on one H200 +7 to +10% at batch 4 x 2048,
+        -4 to -14% at batch 1). Dynamic shapes: one compilation serves every sequence length."""
+        if scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile scope {scope!r}; choose one of {', '.join(COMPILE_SCOPES)}")
+        layer = self.midlayer
+        norms_mlp = [layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm]
+        parts: dict[str, list[nn.Module]] = {
+            "none": [],
+            "norms_mlp": [*norms_mlp, layer.mlp, self.norm],
+        }
+        for part in parts[scope]:
+            part.compile(dynamic=True)
 
     def set_vocab(self, d2t: Tensor, t2d: Tensor) -> None:
         """Install the draft vocabulary mapping (target_id = i + d2t[i]; t2d marks kept ids)."""

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .model import Eagle3Drafter, embed_tokens
@@ -90,8 +89,16 @@ def ttt_unroll(
     attention_mask: Tensor | None,
     ttt_steps: int,
 ) -> list[Tensor]:
-    """Draft logits [B, T, draft_vocab] for each step; step k at position i reads token i+1+k."""
-    dtype = drafter.fc.weight.dtype
+    """Draft logits [B, T, draft_vocab] for each step; step k at position i reads token i+1+k.
+
+    Activations run in the compute dtype (autocast's bf16 on a GPU, else the weights' dtype), so
+    no step holds or re-casts float32 copies of the features, embeddings or hidden states."""
+    device = aux.device.type
+    dtype = (
+        torch.get_autocast_dtype(device)
+        if torch.is_autocast_enabled(device)
+        else drafter.fc.weight.dtype
+    )
     hidden, kv, logits = aux.detach().to(dtype), None, []
     for k in range(ttt_steps):
         with torch.no_grad():
@@ -263,6 +270,80 @@ def step_metrics(
     return TTTMetrics(*torch.stack(rows, dim=1), *replay)
 
 
+class ShiftedSoftCrossEntropy(torch.autograd.Function):
+    """ce[b, i] = -sum_v probs[b, i + shift, v] * log_softmax(logits[b, i])_v, 0 for the last
+    `shift` positions: step k's soft cross-entropy against the labels k + 1 positions ahead.
+
+    The plain form (`shift_left` the labels, `log_softmax(logits.float())`) keeps a float32
+    [B, T, draft_vocab] copy of the labels and of the log-probabilities for every TTT step until
+    the backward pass: 2 GiB per step at 8192 positions and 32,000 draft ids. Here the labels are
+    read in place (the samples' rows flattened, row r against row r + shift; rows that would pair
+    with the next sample are zeroed), only the logits (in their own dtype) and one log-sum-exp
+    per position are kept, and the backward pass recomputes softmax(logits) - probs. On a GPU
+    each pass is one compiled kernel (a row reduction, nothing float32 [rows, vocab] in memory);
+    on the CPU the float32 rows of one step exist while it runs."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, probs: Tensor, shift: int) -> Tensor:
+        batch, length, vocab = logits.shape
+        ce = logits.new_zeros(batch * length, dtype=torch.float32)
+        lse = torch.zeros_like(ce)
+        keep = (torch.arange(batch * length, device=logits.device) % length) < length - shift
+        if shift < length:
+            rows_ce, rows_lse = _compiled(_ce_rows, logits.is_cuda)(
+                logits.reshape(-1, vocab), probs.reshape(-1, vocab), shift
+            )
+            ce[: len(rows_ce)] = rows_ce
+            lse[: len(rows_lse)] = rows_lse
+        ce = ce * keep
+        ctx.save_for_backward(logits, probs, lse, keep)
+        ctx.shift = shift
+        return ce.view(batch, length)
+
+    @staticmethod
+    def backward(ctx, grad_ce: Tensor):
+        logits, probs, lse, keep = ctx.saved_tensors
+        batch, length, vocab = logits.shape
+        if ctx.shift >= length:
+            return torch.zeros_like(logits), None, None
+        grad = _compiled(_ce_rows_grad, logits.is_cuda)(
+            logits.reshape(-1, vocab),
+            probs.reshape(-1, vocab),
+            lse,
+            grad_ce.reshape(-1) * keep,
+            ctx.shift,
+        )
+        return grad.view(batch, length, vocab), None, None
+
+
+def _ce_rows(logits: Tensor, probs: Tensor, shift: int) -> tuple[Tensor, Tensor]:
+    """Soft cross-entropy and log-sum-exp of logits row r against probs row r + shift."""
+    z = logits[: logits.shape[0] - shift].float()
+    p = probs[shift:]
+    lse = torch.logsumexp(z, dim=-1)
+    return lse * p.sum(-1) - (p * z).sum(-1), lse
+
+
+def _ce_rows_grad(logits: Tensor, probs: Tensor, lse: Tensor, grad_ce: Tensor, shift: int):
+    """d ce / d logits, the last `shift` rows (no labels) zero."""
+    rows = logits.shape[0] - shift
+    z, p = logits[:rows].float(), probs[shift:]
+    grad = (torch.exp(z - lse[:rows, None]) * p.sum(-1, keepdim=True) - p) * grad_ce[:rows, None]
+    return torch.cat([grad.to(logits.dtype), logits.new_zeros(shift, logits.shape[1])])
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(fn, on_gpu: bool):
+    """fn, compiled once per process on a GPU (one fused pass over the rows), eager elsewhere."""
+    if not on_gpu:
+        return fn
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
+
+
 def ttt_forward(
     drafter: Eagle3Drafter,
     embed: nn.Embedding | Tensor,
@@ -294,8 +375,7 @@ def ttt_forward(
     for k, logits in enumerate(
         ttt_unroll(drafter, embed, aux, input_ids, attention_mask, ttt_steps)
     ):
-        probs = shift_left(labels.probs, k + 1, 0.0)
-        ce = -(probs * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+        ce = ShiftedSoftCrossEntropy.apply(logits, labels.probs, k + 1)
         total = total + decay**k * (ce * valid[k]).sum() / divisors[k]
         ces.append(ce)
         corrects.append(

@@ -5,7 +5,9 @@ behave as SGLang's do (docs/serving.md, section 1), so the sglang engine, the la
 monitor are tested against real sockets without a GPU; `python -m stages.engines.hf_server` takes
 launch_server's flags, so it can stand in for SGLang in a launch. Requests that arrive together are
 generated as one HFEngine batch. Fault knobs (dropped connections, 503s, aborts, replies without
-output_ids) make the failures the client must survive happen on purpose.
+output_ids, or every n-th request failing) make the failures the client must survive happen on
+purpose. `HashEngine` stands in for the model where only the protocol is under test: thousands of
+replies a second, each a pure function of the request (tests/perf/soak_sglang.py).
 
 With SGLang's `--speculative-algorithm EAGLE3 --speculative-draft-model-path D ...` flags it decodes
 each request with the drafter (stages.drafter.speculate, exact but without a KV cache: built for
@@ -19,9 +21,12 @@ import argparse
 import collections
 import contextlib
 import functools
+import hashlib
 import json
 import queue
+import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +42,7 @@ from ..drafter.export import load_drafter
 from ..drafter.model import Eagle3Drafter, target_facts
 from ..drafter.speculate import SpecResult, speculative_generate
 from ..target.model import load_causal_lm
-from . import Completion, Sampling, trim_at_stop
+from . import Completion, FinishReason, Request, Sampling, trim_at_stop
 from .hf import HFEngine
 from .sglang_bench import ALGORITHM
 
@@ -77,6 +82,34 @@ class Faults:
     unavailable: int = 0  # answer /generate with 503
     abort: int = 0  # answer /generate with finish_reason abort
     omit_output_ids: bool = False  # reply as SGLang 0.4.x without --skip-tokenizer-init
+    # every n-th /generate fails (0: none), by turns a 503 and a connection closed unanswered
+    every: int = 0
+
+
+class HashEngine:
+    """The served model's stand-in when only the protocol is under test: a reply's ids are a pure
+    function of the prompt ids and the sampling seed (1 to max_new_tokens of them, ending on the
+    first stop id when shorter), computed in microseconds, so a soak test sends thousands of
+    requests a second and can check every reply against the ids a fault-free run gives."""
+
+    name = "hash"
+
+    def __init__(self, vocab_size: int = 32000, context: int = 1 << 20, batch_size: int = 64):
+        self.vocab_size, self.context, self.batch_size = vocab_size, context, batch_size
+
+    def generate(self, requests: list[Request], sampling: Sampling) -> Iterator[Completion]:
+        for rid, prompt in requests:
+            ids, reason = self.reply(prompt, sampling)
+            yield Completion(rid, ids, reason, 0.0)
+
+    def reply(self, prompt: list[int], sampling: Sampling) -> tuple[list[int], FinishReason]:
+        rng = random.Random(hashlib.sha256(json.dumps([prompt, sampling.seed]).encode()).digest())
+        ids = [
+            rng.randrange(self.vocab_size) for _ in range(rng.randint(1, sampling.max_new_tokens))
+        ]
+        if len(ids) < sampling.max_new_tokens and sampling.stop_ids:
+            ids[-1] = sampling.stop_ids[0]
+        return trim_at_stop(ids, sampling.stop_ids, sampling.max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -254,7 +287,7 @@ class HFServer:
 
     def __init__(
         self,
-        engine: HFEngine | None = None,
+        engine: HFEngine | HashEngine | None = None,
         *,
         host: str = "127.0.0.1",
         port: int = 0,
@@ -340,9 +373,11 @@ class HFServer:
             if not self.ready.is_set():
                 self.stats["unavailable"] += 1
                 return 503, _error("The server is starting.")
-            if self.faults.unavailable > 0:
-                self.faults.unavailable -= 1
-                self.stats["unavailable"] += 1
+            fault = self._fault()
+            if fault:
+                self.stats[fault] += 1
+                if fault == "dropped_connections":
+                    return 503, None  # no reply: the handler closes the connection
                 return 503, _error("The server is overloaded; retry later.")
             if self.max_queued is not None and self._jobs.qsize() >= self.max_queued:
                 self.stats["unavailable"] += 1
@@ -389,6 +424,16 @@ class HFServer:
             return 503, None
         self._count("completed")
         return 200, reply(job, job.result, self.faults.omit_output_ids)
+
+    def _fault(self) -> str | None:
+        """The stats key of the fault this /generate request gets, if any (under the lock)."""
+        if self.faults.unavailable > 0:
+            self.faults.unavailable -= 1
+            return "unavailable"
+        n, every = self.stats["generate"], self.faults.every
+        if every and n % every == 0:
+            return "unavailable" if n // every % 2 else "dropped_connections"
+        return None
 
     def _count(self, event: str, n: int = 1) -> None:
         with self._lock:
@@ -536,6 +581,12 @@ class _HTTPServer(ThreadingHTTPServer):
     def shutdown_request(self, request) -> None:
         self.app._forget(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request, client_address) -> None:
+        """A connection closed under a reply (the client gone, or this server stopping) is what a
+        server meets, not an error to print; anything else is."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -34,8 +34,9 @@ Captured = tuple[int, torch.Tensor, torch.Tensor]
 
 @dataclass(frozen=True)
 class Role:
-    """This process's part: it captures the shards k with k % groups == group, and writes them
-    when `writes` (the processes of one tensor-parallel group all capture, one writes)."""
+    """This process's part: it captures every groups-th shard of those left to extract, from the
+    group-th on, and writes them when `writes` (the processes of one tensor-parallel group all
+    capture, one writes)."""
 
     group: int = 0
     groups: int = 1

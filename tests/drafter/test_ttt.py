@@ -4,6 +4,7 @@ import torch.nn.functional as F
 
 from stages.drafter.model import DraftStep, Eagle3Drafter
 from stages.drafter.ttt import (
+    ShiftedSoftCrossEntropy,
     SoftLabels,
     TTTMetrics,
     replay_counts,
@@ -209,6 +210,84 @@ def test_gradient_reaches_every_drafter_parameter_and_nothing_else(target, targe
     assert embed.weight.grad is None and aux.grad is None
     for name, p in drafter.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shift", [1, 2, 4, 8, 9, 12])
+def test_the_fused_loss_equals_the_plain_soft_cross_entropy(dtype, shift):
+    """Values and gradients against -(shift_left(p) * log_softmax(z.float())).sum(-1), over two
+    samples (whose rows must not pair across the boundary), shifts at and past the end."""
+    g = torch.Generator().manual_seed(shift)
+    logits = (4 * torch.randn(2, 9, 17, generator=g)).to(dtype).requires_grad_(True)
+    probs = torch.randn(2, 9, 17, generator=g).softmax(-1)
+    weights = torch.randn(2, 9, generator=g)
+    ce = ShiftedSoftCrossEntropy.apply(logits, probs, shift)
+    (grad,) = torch.autograd.grad((ce * weights).sum(), logits)
+    plain = -(shift_left(probs, shift, 0.0) * F.log_softmax(logits.float(), -1)).sum(-1)
+    (plain_grad,) = torch.autograd.grad((plain * weights).sum(), logits)
+    assert ce.dtype == torch.float32 and grad.dtype == dtype
+    torch.testing.assert_close(ce, plain, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(grad, plain_grad, rtol=1e-6, atol=1e-6)
+    assert (ce[:, 9 - min(shift, 9) :] == 0).all()
+
+
+@pytest.mark.slow
+def test_the_loss_kernels_compile_once_for_every_shift_and_length():
+    """What a GPU runs, compiled here by the CPU backend: the same values as eager, and one
+    graph serving every TTT shift and row count (no recompilation per step or batch)."""
+    import torch._dynamo
+
+    from stages.drafter.ttt import _ce_rows, _ce_rows_grad
+
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    rows, rows_grad = (
+        torch.compile(_ce_rows, dynamic=True),
+        torch.compile(_ce_rows_grad, dynamic=True),
+    )
+    g = torch.Generator().manual_seed(0)
+    for n, shift in [(40, 2), (40, 3), (24, 5), (70, 7)]:
+        logits = torch.randn(n, 19, generator=g).bfloat16()
+        probs = torch.randn(n, 19, generator=g).softmax(-1)
+        ce, lse = rows(logits, probs, shift)
+        torch.testing.assert_close((ce, lse), _ce_rows(logits, probs, shift))
+        grad_ce = torch.randn(n, generator=g)
+        torch.testing.assert_close(
+            rows_grad(logits, probs, lse, grad_ce, shift),
+            _ce_rows_grad(logits, probs, lse, grad_ce, shift),
+        )
+    assert counts["stats"]["unique_graphs"] == 2, dict(counts["stats"])
+
+
+def test_under_bf16_autocast_activations_stay_bf16_and_the_step_matches_float32(
+    target, target_config
+):
+    """What a GPU runs (bf16 autocast over float32 master weights), here on the CPU: every draft
+    step's logits and hidden states are bf16 (no float32 copies between layers), and the loss
+    and every gradient agree with the float32 step to bf16's precision."""
+    drafter = make_drafter(target_config).train()
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(5))
+    aux, logits = features(target, ids, drafter.cfg.aux_layer_ids)
+    logits[..., drafter.draft_ids()] += 4.0  # most target choices inside the draft vocabulary
+    embed = target.model.embed_tokens.weight.detach()
+    seen: list[torch.dtype] = []
+    drafter.midlayer.register_forward_hook(lambda m, args, out: seen.append(out[0].dtype))
+    drafter.midlayer.mlp.register_forward_hook(lambda m, args, out: seen.append(args[0].dtype))
+    results = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        drafter.zero_grad(set_to_none=True)
+        seen.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss, _ = ttt_forward(drafter, embed, aux.to(dtype), logits, ids, torch.ones_like(ids))
+        loss.backward()
+        assert len(seen) == 2 * 7 and set(seen) == {dtype}
+        results[dtype] = loss.detach(), {n: q.grad.clone() for n, q in drafter.named_parameters()}
+    (loss32, grads32), (loss16, grads16) = results[torch.float32], results[torch.bfloat16]
+    torch.testing.assert_close(loss16, loss32, rtol=2e-2, atol=0)
+    for name, grad in grads32.items():
+        relative = (grads16[name] - grad).norm() / grad.norm()
+        assert relative < 5e-2, (name, float(relative))
 
 
 def test_metrics_count_chains_and_add_up():

@@ -1,9 +1,13 @@
 """The generate stage through SGLang's API: the same samples as the in-process engine, a server
-launched from params, the budget, and a server killed mid-run costing no sample and no duplicate."""
+launched from params, the budget, a server gone for a second costing nothing, and a server gone
+for good failing the stage naming it while keeping every reply back, the rerun losing and
+duplicating nothing."""
 
 from __future__ import annotations
 
 import dataclasses
+import re
+import threading
 
 import pytest
 
@@ -18,6 +22,7 @@ from tests.engines.conftest import free_port
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 HF = GenerateParams(engine="hf", batch_size=4, max_new_tokens=12, append_every=2)
 FAST_RETRIES = dict(concurrency=3, backoff_s=0.001, backoff_max_s=0.01)
+DOWNTIME_S = 1.0
 
 
 def via(*urls: str, **options) -> GenerateParams:
@@ -51,16 +56,19 @@ def reference(tmp_path_factory, prompts_file, target, hf_engine):
 
 
 class KilledAfter:
-    """An engine whose server is killed (and maybe restarted) after `k` completions."""
+    """An engine whose server is killed (and maybe restarted) after `k` completions; `yielded`
+    counts the completions it handed to the stage."""
 
     def __init__(self, engine, k: int, kill):
         self.engine, self.k, self.kill = engine, k, kill
         self.name, self.urls = engine.name, engine.urls
+        self.yielded = 0
 
     def generate(self, requests, sampling):
-        for n, done in enumerate(self.engine.generate(requests, sampling), 1):
+        for done in self.engine.generate(requests, sampling):
+            self.yielded += 1
             yield done
-            if n == self.k:
+            if self.yielded == self.k:
                 self.kill()
 
 
@@ -130,21 +138,26 @@ def test_budget_stops_scheduling_and_the_overshoot_is_reported(
     assert metrics["samples"] <= reached + FAST_RETRIES["concurrency"] - 1 < metrics["prompts"]
 
 
-def test_server_restarted_within_the_retry_window_costs_nothing(
+def test_server_gone_for_a_second_then_back_costs_nothing(
     tmp_path, prompts_file, target, reference, serve
 ):
+    """Killed after 3 replies, back on its port a second later: the requests in flight and those
+    sent meanwhile are retried until it answers."""
     first = serve()
-    port = int(first.url.rsplit(":", 1)[1])
+    back = threading.Timer(DOWNTIME_S, serve, kwargs=dict(port=int(first.url.rsplit(":", 1)[1])))
 
-    def restart():
+    def stop_until_later():
         first.stop()
-        serve(port=port)
+        back.start()
 
-    engine = generate.make_engine(via(first.url), target, None)
+    # 61 attempts, 53 of them up to 0.1 s apart: about 2.7 s before a request gives up; all of
+    # them within the second the server is gone has a chance of about 1e-17
+    engine = generate.make_engine(via(first.url, max_retries=60, backoff_max_s=0.1), target, None)
     out = tmp_path / "raw"
     metrics = generate.generate_dataset(
-        "t", prompts_file, out, HF, 10**6, target, engine=KilledAfter(engine, 3, restart)
+        "t", prompts_file, out, HF, 10**6, target, engine=KilledAfter(engine, 3, stop_until_later)
     )
+    back.join()
     assert samples(out) == reference and metrics["new_samples"] == len(reference)
     assert engine.retries >= 1
 
@@ -152,15 +165,22 @@ def test_server_restarted_within_the_retry_window_costs_nothing(
 def test_server_killed_mid_run_then_rerun_loses_and_duplicates_nothing(
     tmp_path, prompts_file, target, reference, serve
 ):
+    """Gone for good after 5 replies: the stage fails once a request has used its retries,
+    naming the server and its last error, and keeps all 5 (append_every is 2)."""
     first = serve()
     out = tmp_path / "raw"
     engine = generate.make_engine(via(first.url, max_retries=1), target, None)
-    with pytest.raises(SGLangError, match="attempts failed"):
-        generate.generate_dataset(
-            "t", prompts_file, out, HF, 10**6, target, engine=KilledAfter(engine, 5, first.stop)
-        )
+    killed = KilledAfter(engine, 5, first.stop)
+    url = re.escape(first.url)
+    with pytest.raises(
+        SGLangError,
+        match=rf"sample t/\d+: 2 attempts failed, the last: {url}: \w+Error: .+\. "
+        rf"Check that the servers \({url}\) are up",
+    ):
+        generate.generate_dataset("t", prompts_file, out, HF, 10**6, target, engine=killed)
     kept = samples(out)
-    assert 4 <= len(kept) < len(reference) and len(parts(out)) >= 2
+    assert len(kept) == killed.yielded >= 5 and len(kept) < len(reference)
+    assert len(parts(out)) >= 3
     assert all(reference[sid] == sample for sid, sample in kept.items())
 
     second = serve()

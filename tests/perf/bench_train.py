@@ -6,14 +6,17 @@
         [--tf32] [--profile] [--json-out F]
 
 `--attention` times each attention implementation in turn (auto: flex on a GPU); `--check`
-first compares loss and gradients of flex against the reference on one fresh random batch per
-shape and prints the largest relative difference. A shape that does not fit prints OOM.
+first compares loss and gradients of the fast path (what `auto` runs: bf16 autocast, flex
+attention on a GPU, the fused loss) against the plain float32 reference (no autocast, the
+materialised attention) on one fresh random batch per shape, and prints the largest relative
+differences. A shape that does not fit prints OOM.
 
-Reference (SpecForge on one H200 at Llama-3.1-8B shapes): 19,300 tokens/s at batch 1,
-26,100 at batch 4; the goal is 1.5x that. The inputs are what the training loop gives the step:
-a float32 drafter, float32 target embedding and LM head, collated features (bf16 as stored on
-GPU, float32 on CPU), bf16 autocast on GPU. `labels ms` times the target's soft labels alone
-(`soft_labels`, part of every step).
+The inputs are what the train stage gives the step: a float32 drafter (the optimizer's master
+weights), the target embedding and LM head in their stored dtype (bf16 on a GPU, float32 on the
+CPU: `Objective.place`), collated features (bf16 as stored on a GPU, float32 on the CPU), bf16
+autocast on a GPU, fused AdamW there. `labels ms` times the target's soft labels alone
+(`soft_labels`, part of every step). SpecForge's figures on the same GPU: README, "Measured
+figures".
 """
 
 from __future__ import annotations
@@ -24,8 +27,14 @@ import json
 import torch
 
 from stages.drafter.layers import default_aux_indices
-from stages.drafter.model import Eagle3Config, Eagle3Drafter
-from stages.drafter.training import Objective, autocast_for, feature_dtype, training_step
+from stages.drafter.model import COMPILE_SCOPES, Eagle3Config, Eagle3Drafter
+from stages.drafter.training import (
+    Objective,
+    adamw,
+    autocast_for,
+    feature_dtype,
+    training_step,
+)
 from stages.drafter.ttt import soft_labels
 from stages.runtime.device import resolve_device
 from tests.perf.bench_extract import (
@@ -47,11 +56,12 @@ def build_objective(shape: str, ttt_steps: int, decay: float, device: torch.devi
     cfg = Eagle3Config.from_target(
         target, DRAFT_VOCAB[shape], default_aux_indices(target.num_hidden_layers)
     )
+    stored = feature_dtype(device) or torch.bfloat16  # the target's weights are stored in bf16
     with torch.device(device):
         drafter = Eagle3Drafter(cfg)
-        embed = 0.02 * torch.randn(target.vocab_size, target.hidden_size)
-        head = 0.02 * torch.randn(target.vocab_size, target.hidden_size)
-    return Objective(drafter, embed, head, ttt_steps, decay)
+        embed = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
+        head = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
+    return Objective(drafter, embed, head, ttt_steps, decay).place(device)
 
 
 def random_batch(
@@ -98,98 +108,117 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--attention", nargs="+", default=["auto"], choices=["auto", "reference", "flex"]
     )
-    parser.add_argument("--check", action="store_true", help="flex vs reference: loss, grads")
+    parser.add_argument(
+        "--check", action="store_true", help="fast path vs float32 reference: loss, grads"
+    )
+    parser.add_argument(
+        "--compile",
+        nargs="+",
+        default=["none"],
+        choices=list(COMPILE_SCOPES),
+        help="time each torch.compile scope in turn (Eagle3Drafter.compile_parts), fresh drafter",
+    )
     parser.add_argument("--json-out", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
 
     device = resolve_device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
-    torch.manual_seed(0)
-    objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
-    drafter = objective.drafter
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0, betas=(0.9, 0.95))
-    autocast = autocast_for(device)
     dtype = "bf16 autocast" if device.type == "cuda" else "fp32"
     dtype += " tf32" if args.tf32 else ""
-
-    def step(batch: dict[str, torch.Tensor]) -> None:
-        training_step(objective, batch, params, opt, 1.0, autocast)
-
-    print(
-        f"training step: {args.shape} drafter ({sum(p.numel() for p in params):,} parameters, "
-        f"draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
-        f"median of {args.repeat} after {args.warmup} warm-up steps"
-    )
-    columns = ["batch", "length", "attention", "tokens/s", "ms/step", "labels ms", "peak GiB"]
-    columns += ["device", "dtype", "ttt_steps"]
+    columns = ["batch", "length", "attention", "compile", "tokens/s", "ms/step", "labels ms"]
+    columns += ["peak GiB", "device", "dtype", "ttt_steps"]
     rows, records = [], []
-    for batch_size, length in args.batches:
-        batch = random_batch(drafter.cfg, batch_size, length, device)
-        if args.check:
-            try:
-                check = compare_attention(objective, batch)
-            except torch.OutOfMemoryError:
-                objective.drafter.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-                check = "OOM (the reference does not fit)"
-            print(f"{batch_size}x{length} flex vs reference: {check}")
-        for impl in args.attention:
-            drafter.midlayer.self_attn.impl = impl
-            record = {"batch": batch_size, "length": length, "attention": impl}
-            try:
-                reset_peak_memory(device)
-                seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
-                peak = peak_memory_gib(device)
-                labels = median_seconds(
-                    lambda: soft_labels(batch["last"], drafter, objective.lm_head),
-                    device,
-                    1,
-                    args.repeat,
+    for scope in args.compile:
+        torch.manual_seed(0)
+        objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
+        drafter = objective.drafter
+        drafter.compile_parts(scope)
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        opt = adamw(params, 1e-4, 0.0, device)
+        autocast = autocast_for(device)
+        print(
+            f"training step: {args.shape} drafter ({sum(p.numel() for p in params):,} "
+            f"parameters, draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
+            f"compile {scope}, median of {args.repeat} after {args.warmup} warm-up steps"
+        )
+
+        def step(batch: dict[str, torch.Tensor]) -> None:
+            training_step(objective, batch, params, opt, 1.0, autocast)
+
+        for batch_size, length in args.batches:
+            batch = random_batch(drafter.cfg, batch_size, length, device)
+            if args.check:
+                try:
+                    check = compare_with_reference(objective, batch)
+                except torch.OutOfMemoryError:
+                    objective.drafter.zero_grad(set_to_none=True)
+                    torch.cuda.empty_cache()
+                    check = "OOM (the reference does not fit)"
+                print(f"{batch_size}x{length} fast path vs float32 reference: {check}")
+            for impl in args.attention:
+                drafter.midlayer.self_attn.impl = impl
+                record = {"batch": batch_size, "length": length, "attention": impl}
+                record["compile"] = scope
+                shape = [str(batch_size), str(length), impl, scope]
+                try:
+                    reset_peak_memory(device)
+                    seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
+                    peak = peak_memory_gib(device)
+                    labels = median_seconds(
+                        lambda: soft_labels(batch["last"], drafter, objective.lm_head),
+                        device,
+                        1,
+                        args.repeat,
+                    )
+                except torch.OutOfMemoryError:
+                    opt.zero_grad(set_to_none=True)
+                    torch.cuda.empty_cache()
+                    rows.append([*shape, "OOM", "", "", "", device.type, dtype])
+                    rows[-1].append(str(args.ttt_steps))
+                    records.append({**record, "oom": True})
+                    continue
+                record |= {
+                    "tokens_per_s": round(batch_size * length / seconds, 1),
+                    "ms_per_step": round(1e3 * seconds, 2),
+                    "peak_gib": round(peak, 2),
+                }
+                records.append(record)
+                rows.append(
+                    [
+                        *shape,
+                        f"{batch_size * length / seconds:,.0f}",
+                        f"{1e3 * seconds:.1f}",
+                        f"{1e3 * labels:.1f}",
+                        f"{peak:.2f}",
+                        device.type,
+                        dtype,
+                        str(args.ttt_steps),
+                    ]
                 )
-            except torch.OutOfMemoryError:
-                opt.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-                rows.append([str(batch_size), str(length), impl, "OOM", "", "", "", device.type])
-                rows[-1] += [dtype, str(args.ttt_steps)]
-                records.append({**record, "oom": True})
-                continue
-            record |= {
-                "tokens_per_s": round(batch_size * length / seconds, 1),
-                "ms_per_step": round(1e3 * seconds, 2),
-                "peak_gib": round(peak, 2),
-            }
-            records.append(record)
-            rows.append(
-                [
-                    str(batch_size),
-                    str(length),
-                    impl,
-                    f"{batch_size * length / seconds:,.0f}",
-                    f"{1e3 * seconds:.1f}",
-                    f"{1e3 * labels:.1f}",
-                    f"{peak:.2f}",
-                    device.type,
-                    dtype,
-                    str(args.ttt_steps),
-                ]
-            )
-            if args.profile:
-                print_profile(lambda: step(batch), device)
-        del batch
+                if args.profile:
+                    print_profile(lambda: step(batch), device)
+            del batch
+        del objective, drafter, params, opt
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     print_table(columns, rows)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"shape": args.shape, "device": str(device), "rows": records}, f, indent=1)
 
 
-def compare_attention(objective: Objective, batch: dict[str, torch.Tensor]) -> str:
-    """Loss and gradients of one forward/backward with each implementation, same weights and
-    batch: the largest relative difference of the loss and of any parameter's gradient."""
+def compare_with_reference(objective: Objective, batch: dict[str, torch.Tensor]) -> str:
+    """Loss and gradients of one forward/backward on the same weights and batch: the fast path
+    (bf16 autocast on a GPU, flex attention, fused loss chunks) against the plain reference
+    (float32, no autocast, the materialised attention): the largest relative difference of the
+    loss and of any parameter's gradient (norm of the difference over the reference's norm)."""
     attn = objective.drafter.midlayer.self_attn
-    autocast = autocast_for(batch["aux"].device)
+    paths = {
+        "reference": ("reference", lambda: torch.autocast(batch["aux"].device.type, enabled=False)),
+        "fast": ("auto", autocast_for(batch["aux"].device)),
+    }
     results = {}
-    for impl in ("reference", "flex"):
+    for name, (impl, autocast) in paths.items():
         attn.impl = impl
         objective.drafter.zero_grad(set_to_none=True)
         with autocast():
@@ -200,14 +229,14 @@ def compare_attention(objective: Objective, batch: dict[str, torch.Tensor]) -> s
             for n, p in objective.drafter.named_parameters()
             if p.grad is not None
         }
-        results[impl] = (loss.detach().float(), grads)
+        results[name] = (loss.detach().float(), grads)
     objective.drafter.zero_grad(set_to_none=True)
-    (ref_loss, ref), (flex_loss, flex) = results["reference"], results["flex"]
-    loss_diff = ((flex_loss - ref_loss).abs() / ref_loss.abs()).item()
-    grad_diff = max(
-        ((flex[n] - g).norm() / g.norm().clamp_min(1e-12)).item() for n, g in ref.items()
-    )
-    return f"loss rel diff {loss_diff:.2e}, largest grad rel diff (norm) {grad_diff:.2e}"
+    attn.impl = "auto"
+    (ref_loss, ref), (fast_loss, fast) = results["reference"], results["fast"]
+    loss_diff = ((fast_loss - ref_loss).abs() / ref_loss.abs()).item()
+    worst = max(ref, key=lambda n: (fast[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-12))
+    grad_diff = ((fast[worst] - ref[worst]).norm() / ref[worst].norm().clamp_min(1e-12)).item()
+    return f"loss rel diff {loss_diff:.2e}, largest grad rel diff (norm) {grad_diff:.2e} ({worst})"
 
 
 if __name__ == "__main__":
