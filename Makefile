@@ -7,7 +7,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup demo check test test-fast lock target prompts clean
+.PHONY: setup demo check test test-fast kill-sweep lock target prompts clean
 
 # Every other package at the version in constraints.txt (the versions CI ran with).
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -40,6 +40,12 @@ test: setup
 # Under a minute: everything but the slow tests (training runs, whole pipelines, kill -9, torchrun).
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# kill -9 at 21 seeded points per stage over the whole run of generate, extract and train, each
+# rerun and compared with an uninterrupted run (tests/test_kill_sweep.py; `make test` runs 3):
+# prints where the kills landed and what the reruns lost, duplicated or got wrong. Under an hour.
+kill-sweep: setup
+	KILL_SWEEP_POINTS=21 $(BIN)/python -m pytest -q tests/test_kill_sweep.py
 
 lock: setup
 	{ sed -n 1,2p constraints.txt; $(BIN)/pip freeze --exclude-editable \
