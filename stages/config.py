@@ -154,11 +154,29 @@ class GenerateParams:
     sglang: SGLangParams = field(default_factory=SGLangParams)
 
 
+MIN_MERGE_MEMORY_GB = 2.0
+
+
 @dataclass(frozen=True)
 class MergeParams:
     seed: int = 0
     eval_fraction: float = 0.05
     max_length: int = 4096
+    # DuckDB's buffers; what does not fit goes to a temporary folder inside the output folder
+    # (the process peaks about 0.5 GB above this, whatever the data's size); shapes no output
+    memory_limit_gb: float = 4.0
+    # DuckDB's workers planning and checking (one writes the split files); None: every core
+    # this process may use
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.memory_limit_gb < MIN_MERGE_MEMORY_GB:
+            raise ParamsError(
+                f"merge.memory_limit_gb: {self.memory_limit_gb} is below "
+                f"{MIN_MERGE_MEMORY_GB}, the least the merge's sort and joins run in"
+            )
+        if self.threads is not None and self.threads < 1:
+            raise ParamsError(f"merge.threads: {self.threads} must be >= 1 (or null: every core)")
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,9 @@ def test_repro_noop_budget_change_and_metrics_diff(repo):
 
 def test_settings_that_shape_no_output_rerun_nothing_and_code_deps_do(repo):
     """Leaf params: a timeout, the append interval, a batch size or the engine's servers do not
-    rerun generate (with `launch` that would start a server per dataset to find nothing to do);
-    a change to a module a stage imports reruns that stage."""
+    rerun generate (with `launch` that would start a server per dataset to find nothing to do),
+    nor the merge's memory limit and threads; a change to a module a stage imports reruns
+    that stage."""
     sh(["dvc", "repro", "merge", "quality"], repo)
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "run", "--allow-empty"], repo)
@@ -70,6 +71,7 @@ def test_settings_that_shape_no_output_rerun_nothing_and_code_deps_do(repo):
         p["generate"]["sglang"].update(timeout_s=7, max_retries=1, urls=["http://127.0.0.1:9"])
         p["generate"].update(append_every=5, batch_size=3)
         p["target"].update(device="cpu", cpu_threads=2)
+        p["merge"].update(memory_limit_gb=3, threads=1)
 
     set_params(repo, transport)
     assert ran_stages(sh(["dvc", "repro", "merge", "quality"], repo).stdout) == set()

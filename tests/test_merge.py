@@ -1,10 +1,24 @@
+import hashlib
+import json
+
+import duckdb
 import pyarrow.parquet as pq
 import pytest
 
+from stages import merge as merge_stage
+from stages.artifacts.merged import SPLITS
 from stages.cli import StageError
-from stages.config import MergeParams
+from stages.config import MergeParams, ParamsError
 from stages.merge import merge
-from tests.rawdata import raw_row, write_raw
+from tests.rawdata import mixed_raw, raw_row, write_raw
+
+# What the merge wrote over mixed_raw before it ran in bounded memory (one DuckDB query holding
+# every sequence's ids, then sorted): the sha256 of both splits' rows and column types and of
+# its report (`merged_digest`), per params. The bounded merge must write the same.
+DIGESTS_BEFORE_BOUNDED_MEMORY = {
+    (3, 0.3, 48): "1b2414e9482e8c875ce6ad96c6403af8ddae5f2551ddec7e48fa168510cbe7e5",
+    (0, 0.0, 4096): "f57dc5a6e4290d8ed874a3bdded561bee94bbf185de8ddbf5597960b9ce67376",
+}
 
 
 @pytest.fixture
@@ -55,3 +69,69 @@ def test_merge_truncates_to_max_length(tmp_path, raw_dirs):
 def test_merge_without_data_fails_clearly(tmp_path):
     with pytest.raises(StageError, match="no raw generations"):
         merge([tmp_path / "nothing"], tmp_path / "m", MergeParams())
+
+
+def merged_digest(out, report: dict) -> str:
+    content: dict = {"report": report}
+    for split in SPLITS:
+        table = pq.read_table(out / f"{split}.parquet")
+        columns = [(f.name, str(f.type)) for f in table.schema]
+        content[split] = {"columns": columns, "rows": table.to_pylist()}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("key", sorted(DIGESTS_BEFORE_BOUNDED_MEMORY))
+def test_bounded_merge_writes_what_the_whole_data_merge_wrote(tmp_path, key):
+    """Every kind of raw data (failed and empty replies, duplicates across datasets, a row in two
+    parts, all_turns conversations shortened or cut at max_length, rendered turns): the same
+    rows, order, split, ids and report as before, whatever the memory limit and threads."""
+    seed, eval_fraction, max_length = key
+    dirs = mixed_raw(tmp_path / "raw")
+    for limit, threads in ((4.0, None), (2.0, 1)):
+        out = tmp_path / f"m{limit}"
+        params = MergeParams(seed, eval_fraction, max_length, limit, threads)
+        report = merge(dirs, out, params)
+        assert merged_digest(out, report) == DIGESTS_BEFORE_BOUNDED_MEMORY[key]
+        assert sorted(p.name for p in out.iterdir()) == ["eval.parquet", "train.parquet"]
+
+
+def test_a_row_whose_lengths_are_not_its_ids_fails_naming_it(tmp_path):
+    rows = [raw_row("a", i) for i in range(5)]
+    rows[3]["prompt_len"] += 1  # the spans would be off by one
+    write_raw(tmp_path / "raw" / "a", rows)
+    with pytest.raises(StageError) as err:
+        merge([tmp_path / "raw" / "a"], tmp_path / "m", MergeParams(eval_fraction=0.0))
+    message = str(err.value)
+    assert "raw row a/3 (row 3 of " in message and "part-00000.parquet" in message
+    assert "not the lengths of its prompt_ids and output_ids" in message
+    assert "data/raw/<dataset> and generate it again" in message
+    assert not list((tmp_path / "m").glob("*.parquet")) and not list((tmp_path / "m").glob(".*"))
+
+
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        (dict(memory_limit_gb=1.0), "merge.memory_limit_gb: 1.0 is below 2.0"),
+        (dict(threads=0), "merge.threads: 0 must be >= 1"),
+    ],
+)
+def test_memory_settings_out_of_range_name_the_key(values, needle):
+    with pytest.raises(ParamsError, match=needle):
+        MergeParams(**values)
+
+
+def test_running_out_of_memory_names_the_param_to_raise(tmp_path, raw_dirs, monkeypatch):
+    def out_of_memory(*args):
+        raise duckdb.OutOfMemoryException(
+            "Out of Memory Error: failed to allocate data of size 16.0 MiB (1.8 GiB/1.8 GiB used)"
+            "\n\nPossible solutions:\n* Reducing the number of threads"
+        )
+
+    monkeypatch.setattr(merge_stage, "run_queries", out_of_memory)
+    with pytest.raises(StageError) as err:
+        merge(raw_dirs, tmp_path / "m", MergeParams(memory_limit_gb=2))
+    assert str(err.value) == (
+        "merge: Out of Memory Error: failed to allocate data of size 16.0 MiB (1.8 GiB/1.8 GiB "
+        "used) (merge.memory_limit_gb: 2); raise merge.memory_limit_gb in params.yaml"
+    )
+    assert not list((tmp_path / "m").glob(".spill*"))

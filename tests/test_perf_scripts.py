@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from tests.perf import bench_extract, bench_kimi_width, bench_multi_gpu, bench_train
+from tests.perf import bench_extract, bench_kimi_width, bench_merge, bench_multi_gpu, bench_train
 
 TINY = [
     "--shape",
@@ -130,6 +130,25 @@ def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, 
     export = results["rows"][1]["export"]
     assert export["check_export"] == "pass" and export["sglang_layer_ids"] == [1, 3, 4]
     assert export["draft"]["head_dim"] == 16 and export["draft"]["rope_scaling"]["factor"] == 64.0
+
+
+def test_bench_merge_builds_raw_data_and_times_the_merge_stage(tmp_path, capsys):
+    """Two-turn conversations in the raw schema, merged twice by the stage's own process (the
+    second run reuses the data); every sample's last turn is one merged sequence."""
+    args = ["--samples", "30", "--datasets", "2", "--turns", "2", "--prompt-len", "3-8"]
+    args += ["--output-len", "5-20", "--row-group", "8", "--memory-limit-gb", "2"]
+    args += ["--threads", "1", "--repeat", "2", "--work", str(tmp_path)]
+    runs = bench_merge.main(args)
+    rows = printed_table(capsys.readouterr().out, "samples")
+    assert len(rows) == 2 and all(r["samples"] == "30" for r in rows)
+    for r, run in zip(rows, runs, strict=True):
+        assert r["memory limit GB"] == "2" and number(r["peak RSS GB"]) > 0
+        assert number(r["wall s"]) > 0 and number(r["tok/s"]) > 0 and number(r["CPU s"]) > 0
+        summary = run["report"]["summary"]
+        assert sum(s["samples"] for s in summary.values()) == 30
+        assert sum(s["turns"] for s in summary.values()) == 60
+    assert number(rows[0]["raw tokens"]) > number(rows[0]["merged tokens"])  # turn 1 twice
+    assert not list((tmp_path / "merged").glob(".spill*"))  # the spill folder is removed
 
 
 def test_batch_shape_names_the_expected_form():

@@ -16,11 +16,30 @@ def sql(name: str) -> str:
     return path.read_text()
 
 
-def open_samples(raw_files: list[str]) -> duckdb.DuckDBPyConnection:
-    """A connection with the `samples` view over the given raw Parquet parts."""
-    con = duckdb.connect()
-    files = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in raw_files) + "]"
-    con.execute(sql("samples").replace("$raw_files", files))  # views take no parameters
+def file_list(paths: list[str]) -> str:
+    """The SQL list literal of `paths`, for the views over raw parts (views take no parameters)."""
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def open_samples(
+    raw_files: list[str],
+    *,
+    memory_limit_gb: float | None = None,
+    threads: int | None = None,
+    spill_dir: Path | None = None,
+) -> duckdb.DuckDBPyConnection:
+    """A connection with the `samples` view over the given raw Parquet parts. With
+    `memory_limit_gb`, DuckDB keeps its buffers under that many GB and its joins, sorts and
+    windows write what does not fit to `spill_dir`; `threads`: its workers (None: every core)."""
+    settings: dict[str, str | bool | int | float | list[str]] = {}
+    if memory_limit_gb is not None:
+        settings["memory_limit"] = f"{memory_limit_gb}GB"
+    if threads is not None:
+        settings["threads"] = threads
+    if spill_dir is not None:
+        settings["temp_directory"] = str(spill_dir)
+    con = duckdb.connect(config=settings)
+    con.execute(sql("samples").replace("$raw_files", file_list(raw_files)))
     return con
 
 

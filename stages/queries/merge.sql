@@ -7,9 +7,13 @@
 -- its own prompt and output with one loss span, named `<sample_id>#<turn>`; a later turn's prompt
 -- is not the earlier sequence, so no turn holds another. Prompts seen before (normalised text,
 -- across datasets) mark every sequence of the later sample; a sample's sequences share its split
--- (seeded hash of the sample id), and a seeded hash of the sequence id orders the rows.
+-- (seeded hash of the sample id), and a seeded hash of the sequence id orders the rows
+-- (`position`). No token id is read here: a sequence's ids are its source row's (`source_file`,
+-- `source_row`: the raw row of its last turn, or of its rendered turn), whose prompt_len and
+-- completion_tokens give the lengths; merged_rows.sql fetches them, so this plan stays small.
 WITH usable AS (
-    SELECT *,
+    SELECT sample_id, dataset, turn, prompt_key, prompt_len, completion_tokens, total_tokens,
+           filename, file_row_number,
            coalesce(regenerate = 'all_turns_rendered', false) AS rendered,
            bool_and(finish_reason <> 'abort' AND completion_tokens > 0)
                   OVER (PARTITION BY sample_id ORDER BY turn) AS completed
@@ -31,7 +35,10 @@ conversations AS (
            any_value(f.turns) AS turns,
            any_value(f.last_turn) AS last_turn,
            arg_min(prompt_len, turn) AS first_prompt_len,
-           arg_max(list_concat(prompt_ids, output_ids), turn) AS ids,
+           arg_max(filename, turn) AS source_file,
+           arg_max(file_row_number, turn) AS source_row,
+           arg_max(prompt_len, turn) AS source_prompt_len,
+           arg_max(total_tokens, turn) AS ids_len,
            list([prompt_len, prompt_len + completion_tokens] ORDER BY turn) AS spans
     FROM usable JOIN fits f USING (sample_id)
     WHERE completed AND turn <= f.last_turn
@@ -46,7 +53,10 @@ rendered_turns AS (
            1 AS turns,
            turn AS last_turn,
            prompt_len AS first_prompt_len,
-           list_concat(prompt_ids, output_ids) AS ids,
+           filename AS source_file,
+           file_row_number AS source_row,
+           prompt_len AS source_prompt_len,
+           total_tokens AS ids_len,
            [[prompt_len, prompt_len + completion_tokens]] AS spans
     FROM usable
     WHERE completed AND rendered
@@ -65,17 +75,20 @@ SELECT
     sample_id AS conversation,
     dataset,
     rendered,
-    ids,
     last_turn,
-    ids[1:$max_length] AS input_ids,
+    source_file,
+    source_row,
+    source_prompt_len,
+    ids_len,
     list_filter(list_transform(spans, lambda s: [s[1], least(s[2], $max_length)]),
                 lambda s: s[1] < s[2]) AS loss_spans,
-    least(len(ids), $max_length)::INTEGER AS length,
-    len(ids) > $max_length AS truncated,
+    least(ids_len, $max_length)::INTEGER AS length,
+    ids_len > $max_length AS truncated,
     NOT rendered AND last_turn < turns AS shortened,
     CASE WHEN ('0x' || md5('split:' || $seed || ':' || sample_id)[1:8])::UBIGINT
               < $eval_fraction * 4294967296 THEN 'eval' ELSE 'train' END AS split,
-    duplicate
+    duplicate,
+    row_number() OVER (ORDER BY md5('order:' || $seed || ':' || sequence_id)) AS position
 FROM ranked
 WHERE first_prompt_len < $max_length
-ORDER BY md5('order:' || $seed || ':' || sequence_id)
+ORDER BY position
