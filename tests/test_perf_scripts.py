@@ -50,7 +50,6 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
             "batch",
             "length",
             "attention",
-            "compile",
             "tokens/s",
             "ms/step",
             "labels ms",
@@ -64,7 +63,11 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
         assert (r["device"], r["dtype"], r["ttt_steps"]) == ("cpu", "fp32", "3")
         assert r["attention"] == "auto"  # the reference on the CPU
         tokens = int(r["batch"]) * int(r["length"])
-        assert number(r["tokens/s"]) == pytest.approx(tokens / number(r["ms/step"]) * 1e3, rel=0.02)
+        assert number(r["tokens/s"]) == pytest.approx(
+            tokens / number(r["ms/step"]) * 1e3,
+            rel=0.02,
+            abs=0.5,  # printed as an integer
+        )
 
 
 def test_bench_extract_prints_rate_and_share_of_peak(capsys):

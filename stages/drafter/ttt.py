@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .model import Eagle3Drafter, embed_tokens
+from .model import Eagle3Drafter, compiled_on_gpu, embed_tokens
 
 
 def shift_left(x: Tensor, n: int, fill) -> Tensor:
@@ -290,7 +290,7 @@ class ShiftedSoftCrossEntropy(torch.autograd.Function):
         lse = torch.zeros_like(ce)
         keep = (torch.arange(batch * length, device=logits.device) % length) < length - shift
         if shift < length:
-            rows_ce, rows_lse = _compiled(_ce_rows, logits.is_cuda)(
+            rows_ce, rows_lse = compiled_on_gpu(_ce_rows, logits.is_cuda)(
                 logits.reshape(-1, vocab), probs.reshape(-1, vocab), shift
             )
             ce[: len(rows_ce)] = rows_ce
@@ -306,7 +306,7 @@ class ShiftedSoftCrossEntropy(torch.autograd.Function):
         batch, length, vocab = logits.shape
         if ctx.shift >= length:
             return torch.zeros_like(logits), None, None
-        grad = _compiled(_ce_rows_grad, logits.is_cuda)(
+        grad = compiled_on_gpu(_ce_rows_grad, logits.is_cuda)(
             logits.reshape(-1, vocab),
             probs.reshape(-1, vocab),
             lse,
@@ -330,18 +330,6 @@ def _ce_rows_grad(logits: Tensor, probs: Tensor, lse: Tensor, grad_ce: Tensor, s
     z, p = logits[:rows].float(), probs[shift:]
     grad = (torch.exp(z - lse[:rows, None]) * p.sum(-1, keepdim=True) - p) * grad_ce[:rows, None]
     return torch.cat([grad.to(logits.dtype), logits.new_zeros(shift, logits.shape[1])])
-
-
-_COMPILED: dict = {}
-
-
-def _compiled(fn, on_gpu: bool):
-    """fn, compiled once per process on a GPU (one fused pass over the rows), eager elsewhere."""
-    if not on_gpu:
-        return fn
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return _COMPILED[fn]
 
 
 def ttt_forward(

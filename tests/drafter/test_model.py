@@ -176,3 +176,31 @@ def test_bf16_cast_keeps_rotary_frequencies_exact(drafter):
     half = Eagle3Drafter(cfg).to(torch.bfloat16)
     torch.testing.assert_close(half.inv_freq, rope_inv_freq(cfg.head_dim, cfg.rope_theta, None))
     assert half.inv_freq.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_the_norm_compiles_once_and_matches_its_eager_form():
+    """What a GPU runs (`compiled_on_gpu(rms_norm)`), compiled here by the CPU backend: output
+    and gradients equal the eager norm's for several lengths and batches, from one graph (dynamic
+    shapes: no recompilation per length or batch; a dimension of size 1 would add one more)."""
+    import torch._dynamo
+
+    from stages.drafter.model import rms_norm
+
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    compiled = torch.compile(rms_norm, dynamic=True)
+    g = torch.Generator().manual_seed(0)
+    for shape in [(2, 24, 16), (2, 40, 16), (3, 7, 16)]:
+        x = (3 * torch.randn(shape, generator=g)).bfloat16().requires_grad_()
+        weight = (1 + torch.randn(16, generator=g)).requires_grad_()
+        grad_out = torch.randn(shape, generator=g).bfloat16()
+        got = compiled(x, weight, 1e-6)
+        want = rms_norm(x, weight, 1e-6)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want)
+        got_grads = torch.autograd.grad(got, (x, weight), grad_out)
+        want_grads = torch.autograd.grad(want, (x, weight), grad_out)
+        torch.testing.assert_close(got_grads, want_grads, rtol=2e-2, atol=2e-2)
+    assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])

@@ -27,7 +27,7 @@ import json
 import torch
 
 from stages.drafter.layers import default_aux_indices
-from stages.drafter.model import COMPILE_SCOPES, Eagle3Config, Eagle3Drafter
+from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import (
     Objective,
     adamw,
@@ -111,13 +111,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--check", action="store_true", help="fast path vs float32 reference: loss, grads"
     )
-    parser.add_argument(
-        "--compile",
-        nargs="+",
-        default=["none"],
-        choices=list(COMPILE_SCOPES),
-        help="time each torch.compile scope in turn (Eagle3Drafter.compile_parts), fresh drafter",
-    )
     parser.add_argument("--json-out", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
 
@@ -125,82 +118,76 @@ def main(argv: list[str] | None = None) -> None:
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = "bf16 autocast" if device.type == "cuda" else "fp32"
     dtype += " tf32" if args.tf32 else ""
-    columns = ["batch", "length", "attention", "compile", "tokens/s", "ms/step", "labels ms"]
+    columns = ["batch", "length", "attention", "tokens/s", "ms/step", "labels ms"]
     columns += ["peak GiB", "device", "dtype", "ttt_steps"]
     rows, records = [], []
-    for scope in args.compile:
-        torch.manual_seed(0)
-        objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
-        drafter = objective.drafter
-        drafter.compile_parts(scope)
-        params = [p for p in drafter.parameters() if p.requires_grad]
-        opt = adamw(params, 1e-4, 0.0, device)
-        autocast = autocast_for(device)
-        print(
-            f"training step: {args.shape} drafter ({sum(p.numel() for p in params):,} "
-            f"parameters, draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
-            f"compile {scope}, median of {args.repeat} after {args.warmup} warm-up steps"
-        )
+    torch.manual_seed(0)
+    objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
+    drafter = objective.drafter
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = adamw(params, 1e-4, 0.0, device)
+    autocast = autocast_for(device)
+    print(
+        f"training step: {args.shape} drafter ({sum(p.numel() for p in params):,} "
+        f"parameters, draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
+        f"median of {args.repeat} after {args.warmup} warm-up steps"
+    )
 
-        def step(batch: dict[str, torch.Tensor]) -> None:
-            training_step(objective, batch, params, opt, 1.0, autocast)
+    def step(batch: dict[str, torch.Tensor]) -> None:
+        training_step(objective, batch, params, opt, 1.0, autocast)
 
-        for batch_size, length in args.batches:
-            batch = random_batch(drafter.cfg, batch_size, length, device)
-            if args.check:
-                try:
-                    check = compare_with_reference(objective, batch)
-                except torch.OutOfMemoryError:
-                    objective.drafter.zero_grad(set_to_none=True)
-                    torch.cuda.empty_cache()
-                    check = "OOM (the reference does not fit)"
-                print(f"{batch_size}x{length} fast path vs float32 reference: {check}")
-            for impl in args.attention:
-                drafter.midlayer.self_attn.impl = impl
-                record = {"batch": batch_size, "length": length, "attention": impl}
-                record["compile"] = scope
-                shape = [str(batch_size), str(length), impl, scope]
-                try:
-                    reset_peak_memory(device)
-                    seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
-                    peak = peak_memory_gib(device)
-                    labels = median_seconds(
-                        lambda: soft_labels(batch["last"], drafter, objective.lm_head),
-                        device,
-                        1,
-                        args.repeat,
-                    )
-                except torch.OutOfMemoryError:
-                    opt.zero_grad(set_to_none=True)
-                    torch.cuda.empty_cache()
-                    rows.append([*shape, "OOM", "", "", "", device.type, dtype])
-                    rows[-1].append(str(args.ttt_steps))
-                    records.append({**record, "oom": True})
-                    continue
-                record |= {
-                    "tokens_per_s": round(batch_size * length / seconds, 1),
-                    "ms_per_step": round(1e3 * seconds, 2),
-                    "peak_gib": round(peak, 2),
-                }
-                records.append(record)
-                rows.append(
-                    [
-                        *shape,
-                        f"{batch_size * length / seconds:,.0f}",
-                        f"{1e3 * seconds:.1f}",
-                        f"{1e3 * labels:.1f}",
-                        f"{peak:.2f}",
-                        device.type,
-                        dtype,
-                        str(args.ttt_steps),
-                    ]
+    for batch_size, length in args.batches:
+        batch = random_batch(drafter.cfg, batch_size, length, device)
+        if args.check:
+            try:
+                check = compare_with_reference(objective, batch)
+            except torch.OutOfMemoryError:
+                objective.drafter.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                check = "OOM (the reference does not fit)"
+            print(f"{batch_size}x{length} fast path vs float32 reference: {check}")
+        for impl in args.attention:
+            drafter.midlayer.self_attn.impl = impl
+            record = {"batch": batch_size, "length": length, "attention": impl}
+            shape = [str(batch_size), str(length), impl]
+            try:
+                reset_peak_memory(device)
+                seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
+                peak = peak_memory_gib(device)
+                labels = median_seconds(
+                    lambda: soft_labels(batch["last"], drafter, objective.lm_head),
+                    device,
+                    1,
+                    args.repeat,
                 )
-                if args.profile:
-                    print_profile(lambda: step(batch), device)
-            del batch
-        del objective, drafter, params, opt
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+            except torch.OutOfMemoryError:
+                opt.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                rows.append([*shape, "OOM", "", "", "", device.type, dtype])
+                rows[-1].append(str(args.ttt_steps))
+                records.append({**record, "oom": True})
+                continue
+            record |= {
+                "tokens_per_s": round(batch_size * length / seconds, 1),
+                "ms_per_step": round(1e3 * seconds, 2),
+                "peak_gib": round(peak, 2),
+            }
+            records.append(record)
+            rows.append(
+                [
+                    *shape,
+                    f"{batch_size * length / seconds:,.0f}",
+                    f"{1e3 * seconds:.1f}",
+                    f"{1e3 * labels:.1f}",
+                    f"{peak:.2f}",
+                    device.type,
+                    dtype,
+                    str(args.ttt_steps),
+                ]
+            )
+            if args.profile:
+                print_profile(lambda: step(batch), device)
+        del batch
     print_table(columns, rows)
     if args.json_out:
         with open(args.json_out, "w") as f:
