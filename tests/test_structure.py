@@ -53,9 +53,24 @@ def test_an_import_inside_a_function_counts(tree):
     )
 
 
-def test_a_query_file_a_stage_names_must_be_listed(tree):
-    plant(tree / "stages" / "vocab.py", "QUESTION = sql('finish_reasons')")
+@pytest.mark.parametrize(
+    "line",
+    [
+        "QUESTION = sql('finish_reasons')",
+        "ANSWER = rows(duckdb.connect(), 'finish_reasons', n=3)",  # a call among the arguments
+        "QUESTIONS = ('budget_used', 'finish_reasons')",  # a stage's list of questions
+    ],
+)
+def test_a_query_file_a_stage_names_must_be_listed(tree, line):
+    plant(tree / "stages" / "vocab.py", line)
     assert any("stages/queries/finish_reasons.sql" in p for p in structure.dvc_dep_problems(tree))
+
+
+def test_a_word_that_is_also_a_query_name_is_not_a_query():
+    """A report key such as "samples" beside other words names no SQL file."""
+    module = ROOT / "stages" / "merge.py"
+    assert "stages/queries/duplicates.sql" not in structure.named_queries(ROOT, module)
+    assert '"duplicates"' in module.read_text()  # the word is there, as a count's name
 
 
 @pytest.mark.parametrize(

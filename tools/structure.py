@@ -29,7 +29,6 @@ LAYERS: dict[str, set[str]] = {
     "reporting": {"target"},
     "demo": set(),
 }
-SQL_CALL = re.compile(r"\b(?:sql|rows)\(\s*(?:\w+,\s*)?[\"'](\w+)[\"']")
 
 
 def module_file(root: Path, module: str) -> Path | None:
@@ -90,11 +89,34 @@ def needed_files(root: Path, module: str) -> set[str]:
         if m == PACKAGE:
             continue
         files.add(path.relative_to(root).as_posix())
-        for query in SQL_CALL.findall(path.read_text()):
-            sql = root / PACKAGE / "queries" / f"{query}.sql"
-            if sql.exists():
-                files.add(sql.relative_to(root).as_posix())
+        files.update(named_queries(root, path))
     return files
+
+
+def named_queries(root: Path, path: Path) -> set[str]:
+    """The SQL files a module runs: those named in a call of `sql` or `rows`, and every name of
+    a module-level list of them (a stage's questions)."""
+    tree = ast.parse(path.read_text(), str(path))
+
+    def sql_file(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            sql = root / PACKAGE / "queries" / f"{node.value}.sql"
+            if node.value.isidentifier() and sql.exists():
+                return sql.relative_to(root).as_posix()
+        return None
+
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "id", getattr(node.func, "attr", None))
+            if name in ("sql", "rows"):
+                found.update(f for arg in node.args if (f := sql_file(arg)))
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, (ast.Tuple, ast.List)):
+            files = [sql_file(e) for e in stmt.value.elts]
+            if files and all(files):
+                found.update(f for f in files if f)
+    return found
 
 
 def stage_modules(root: Path) -> dict[str, tuple[str, list[str]]]:
