@@ -243,11 +243,28 @@ class ExtractParams:
     engine: Literal["hf", "sglang"] = "hf"  # hf: a full target per process; sglang: TP capture
     layers: list[int] | None = None  # HF hidden_states indices; None = [2, N//2, N-3]
     shard_tokens: int = 65536  # tokens per safetensors shard (the unit of resume)
-    batch_tokens: int = 16384  # padded tokens per forward (hf engine)
+    batch_tokens: int = 16384  # tokens per forward, samples packed in order (hf engine)
+    compile: bool = False  # torch.compile each decoder layer (hf; one graph for every length)
+    writers: int = 3  # threads writing shards (serialise, fsync, sha256); buffers: writers + 2
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # storage dtype of the features
     splits: list[str] = field(default_factory=lambda: ["train", "eval"])
+    # all: every row's features; supervised: only what the loss reads (rows up to each sample's
+    # last supervised token, the final state only where the next token is supervised); none:
+    # token ids only, train runs the target on each batch (online; a target beside the draft)
+    store: Literal["all", "supervised", "none"] = "all"
     sglang: ExtractSGLangParams = field(default_factory=ExtractSGLangParams)
     canary: ExtractCanaryParams = field(default_factory=ExtractCanaryParams)
+
+    def __post_init__(self) -> None:
+        for key in ("shard_tokens", "batch_tokens", "writers"):
+            if getattr(self, key) < 1:
+                raise ParamsError(f"extract.{key}: {getattr(self, key)} must be >= 1")
+        if self.store == "none" and self.engine != "hf":
+            raise ParamsError(
+                f"extract.store: none runs the target inside the train stage with transformers, "
+                f"as engine hf does, not {self.engine} (a target that needs a node): use store "
+                f"all or supervised, or engine hf"
+            )
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Reads params `target` and `extract`. Writes data/hidden/shard-NNNNN.safetensors (aux [T, 3H],
 last [T, H], input_ids [T], loss_mask [T]), data/hidden/index.parquet (sample_id, split, shard,
 offset, length) and data/hidden/meta.json (which HF hidden-state indices, and the layer ids that
-make SGLang and vLLM capture the same ones). Shards are the unit of resume.
+make SGLang and vLLM capture the same ones). Shards are the unit of resume. `extract.store`
+(stages/artifacts/hidden.py) keeps only what the loss reads (`supervised`), or no features at all
+(`none`: no target is loaded here, the train stage runs it).
 
 The engine (`extract.engine`) is behind one interface, stages/target/capture.py `Capture`:
 `hf` loads the whole target in every process and, under torchrun, each rank extracts every
@@ -11,6 +13,11 @@ world-size-th shard of those left (in a fresh run: index = rank mod world size);
 SGLang's model runner tensor parallel over all ranks (torchrun --nproc-per-node
 extract.sglang.tp_size), every rank runs every forward and rank 0 alone writes. Before the run:
 the storage, the host buffers, and the hours projected from one timed batch.
+
+The loop keeps the device busy: features are copied out while the next forwards run, and
+`extract.writers` threads serialise, fsync and hash shards beside it (ShardCapture,
+ShardWriter). reports/extract.json's tokens_per_s is that loop's, after the warm-up
+(`warmup_s`: the first forwards, compilation with extract.compile); `time` says where it went.
 """
 
 from __future__ import annotations
@@ -20,13 +27,21 @@ import hashlib
 import json
 import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from . import config
 from .artifacts import hidden
-from .artifacts.hidden import ShardWriter, plan_shards, shard_key, shard_problem, shard_rows
+from .artifacts.hidden import (
+    ShardWriter,
+    WriteTimes,
+    plan_shards,
+    shard_key,
+    shard_problem,
+    shard_rows,
+)
 from .cli import PathOpt, params_key, run
 from .drafter.layers import default_aux_indices
 from .runtime import parallel
@@ -40,7 +55,16 @@ from .runtime.io import (
     remove_with_checksum,
     write_json,
 )
-from .target.capture import Capture, HFCapture, Role, capture_shard, leading_rows, timed_rate
+from .target.capture import (
+    Capture,
+    CaptureTimes,
+    HFCapture,
+    Role,
+    ShardCapture,
+    config_facts,
+    leading_rows,
+    timed_rate,
+)
 from .target.features import FeatureBuffers
 from .target.model import load_causal_lm
 from .target.tokenizer import model_fingerprint
@@ -55,7 +79,6 @@ def build_capture(
     dtype = DTYPES[params.dtype]
     if params.engine == "sglang":
         from .engines.sglang_capture import SGLangCapture
-        from .target.capture import config_facts
 
         with params_key("target"):
             _, num_layers, _ = config_facts(target.path)
@@ -83,7 +106,9 @@ def build_capture(
         )
     indices = params.layers or default_aux_indices(model.config.num_hidden_layers)
     with params_key("extract.layers"):
-        return HFCapture(model, indices, dtype, params.batch_tokens, Role(rank, world, True))
+        return HFCapture(
+            model, indices, dtype, params.batch_tokens, Role(rank, world, True), params.compile
+        )
 
 
 def forward_tokens(params: config.ExtractParams) -> int:
@@ -116,11 +141,14 @@ def _extract(
     rank: int,
     world: int,
 ) -> dict:
-    capture = build_capture(params, target, rank, world)
-    role = capture.role
-    indices = capture.aux_indices
-    num_layers, hidden_size = capture.num_layers, capture.hidden_size
+    # store none keeps no features: no target is loaded, its facts come from its config.json
+    capture = build_capture(params, target, rank, world) if params.store != "none" else None
+    facts = capture if capture is not None else config_only_facts(params, target, rank, world)
+    role = facts.role
+    indices = facts.aux_indices
+    num_layers, hidden_size = facts.num_layers, facts.hidden_size
     engine_key = [] if params.engine == "hf" else [params.engine]  # hf keeps its old shard keys
+    store_key = [] if params.store == "all" else [f"store={params.store}"]  # so does all
     fingerprint = hashlib.sha256(
         json.dumps(
             [
@@ -130,28 +158,31 @@ def _extract(
                 params.splits,
                 params.shard_tokens,
                 *engine_key,
+                *store_key,
             ]
         ).encode()
     ).hexdigest()[:16]
+    with params_key("extract.splits"):
+        plan = plan_shards(merged_dir, params.splits, params.shard_tokens, params.store)
+    total = sum(r["tokens"] for s in plan for r in s)
+    size = hidden.storage(
+        plan, len(indices) * hidden_size, hidden_size, DTYPES[params.dtype].itemsize, params.store
+    )
     meta = {
         "fingerprint": fingerprint,
         "target_path": target.path,
-        "architecture": capture.architecture,
+        "architecture": facts.architecture,
         "num_hidden_layers": num_layers,
         "hidden_size": hidden_size,
         "aux_hf_indices": indices,
         "dtype": params.dtype,
-        "bytes_per_token": (len(indices) + 1)
-        * hidden_size
-        * torch.finfo(DTYPES[params.dtype]).bits
-        // 8,
+        "bytes_per_token": size["bytes_per_token"],
         **_engine_meta(params.engine, capture),  # none for hf: its meta.json is as it was
+        # and none for store all, likewise
+        **({} if params.store == "all" else {k: size[k] for k in ("store", "bytes_per_token_all")}),
     }
     meta_path = out_dir / hidden.META
     stale = meta_path.exists() and json.loads(meta_path.read_text())["fingerprint"] != fingerprint
-    with params_key("extract.splits"):
-        plan = plan_shards(merged_dir, params.splits, params.shard_tokens)
-    total = sum(r["length"] for s in plan for r in s)
     _barrier(world)  # every rank has read the old meta before rank 0 may remove it
     if rank == 0:
         if stale:
@@ -159,8 +190,9 @@ def _extract(
             empty_dir(out_dir)
         print(
             f"[extract] {total:,} tokens x {meta['bytes_per_token']:,} bytes/token = "
-            f"{total * meta['bytes_per_token'] / 2**30:.2f} GiB in {len(plan)} shards "
-            f"(layers {indices} of {num_layers}, engine {params.engine})"
+            f"{size['bytes'] / 2**30:.2f} GiB in {len(plan)} shards (store {params.store}, "
+            f"all: {size['bytes_per_token_all']:,} bytes/token; layers {indices} of "
+            f"{num_layers}, engine {params.engine})"
         )
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out_dir)  # before any rank writes: a killed run's half shards
@@ -182,16 +214,18 @@ def _extract(
     mine = todo[role.group :: role.groups]
     left = sum(r["length"] for k in todo for r in plan[k])
     buffer_tokens = max((sum(r["length"] for r in plan[k]) for k in mine), default=0)
+    row_bytes = size["bytes_per_token_all"] if capture is not None else 0  # whole rows
+    sets = params.writers + 2  # one set per write in flight, one filling, one landing
     if rank == 0:
         print(
-            f"[extract] host memory: 2 x {buffer_tokens:,} tokens x "
-            f"{meta['bytes_per_token']:,} bytes = "
-            f"{2 * buffer_tokens * meta['bytes_per_token'] / 2**30:.2f} GiB per writing process"
+            f"[extract] host memory: {sets} x {buffer_tokens:,} tokens x {row_bytes:,} bytes = "
+            f"{sets * buffer_tokens * row_bytes / 2**30:.2f} GiB per writing process"
         )
-    if mine:
+    warmup_s = 0.0
+    if mine and capture is not None:
         _, first = next(shard_rows(merged_dir, plan, mine[:1]))
         timed = leading_rows(first, forward_tokens(params))
-        rate = timed_rate(capture, [r["input_ids"] for r in timed])
+        warmup_s, rate = timed_rate(capture, [r["input_ids"] for r in timed])
         if rank == 0:
             eta_s = left / max(rate * role.groups, 1e-9)
             print(
@@ -204,8 +238,8 @@ def _extract(
         sum(len(plan[k]) for k in mine),
         sum(r["length"] for k in mine for r in plan[k]),
     )
-    clock = time.monotonic()
     device = resolve_device(target.device)
+    allocated = time.monotonic()
     buffers = (
         FeatureBuffers(
             buffer_tokens,
@@ -213,32 +247,37 @@ def _extract(
             hidden_size,
             DTYPES[params.dtype],
             pin=device.type == "cuda",
+            sets=sets,
         )
-        if role.writes
+        if role.writes and capture is not None
         else None
     )
-    with ShardWriter() as writer:  # shard k is written while the next one is extracted
-        for k, rows in shard_rows(merged_dir, plan, mine):
-            tensors = capture_shard(capture, rows, buffers)
+    capturing = ShardCapture(capture, buffers, device)
+    clock = time.monotonic()  # after the warm-up and the buffers: tokens/s is the steady rate
+    buffers_s = clock - allocated
+    with ShardWriter(params.writers) as writer:  # shards are written while the next extract
+        for k, rows, features in capturing.shards(shard_rows(merged_dir, plan, mine)):
             if role.writes:
-                tensors["loss_mask"] = hidden.loss_mask(rows)
+                tensors = hidden.shard_tensors(features, rows, params.store)
                 writer.put(tensors, hidden.shard_path(out_dir, k), {"shard_key": keys[k]})
                 progress.update(len(rows), int(tensors["input_ids"].numel()))
     _barrier(world)
     seconds = time.monotonic() - clock  # the slowest rank's time: what the run waited for
     samples = sum(len(shard) for shard in plan)
     if rank == 0:
-        hidden.write_index(out_dir, plan)
+        hidden.write_index(out_dir, plan, params.store)
     return {
         "tokens": total,
         "shards": len(plan),
         "samples": samples,
-        "bytes": total * meta["bytes_per_token"],
+        **size,
         "aux_hf_indices": indices,
         "world_size": world,
         "engine": params.engine,
         "extracted_tokens": left,
         "tokens_per_s": round(left / seconds, 1) if left else 0.0,
+        "warmup_s": round(warmup_s, 3),  # rank 0's: the first forwards, compilation included
+        "time": _time_report(seconds, buffers_s, capturing.times, writer.times),
     }
 
 
@@ -257,7 +296,41 @@ def shard_problems(out_dir: Path, keys: list[str], rank: int, world: int) -> dic
     return {k: v for part in gathered for k, v in part.items()}
 
 
-def _engine_meta(engine: str, capture: Capture) -> dict:
+@dataclass(frozen=True)
+class ConfigFacts:
+    """What meta.json records of the target when no capture runs (store none)."""
+
+    aux_indices: list[int]
+    hidden_size: int
+    num_layers: int
+    architecture: str
+    role: Role
+
+
+def config_only_facts(
+    params: config.ExtractParams, target: config.TargetParams, rank: int, world: int
+) -> ConfigFacts:
+    """The target's facts from its config.json, and this process's share of the shards (every
+    process writes its own, as with the hf engine)."""
+    with params_key("target"):
+        architecture, num_layers, hidden_size = config_facts(target.path)
+    with params_key("extract.layers"):
+        indices = params.layers or default_aux_indices(num_layers)
+    return ConfigFacts(indices, hidden_size, num_layers, architecture, Role(rank, world, True))
+
+
+def _time_report(
+    seconds: float, buffers_s: float, capture: CaptureTimes, writes: WriteTimes
+) -> dict:
+    """Where rank 0's time went, in seconds: allocating the host buffers, then the extraction loop
+    (tokens_per_s's): the device's forwards and copies out, the host waiting for copies to land
+    and for a free writer, and the writers' own busy time (summed over the threads, beside the
+    loop)."""
+    times = {"buffers_s": buffers_s, "loop_s": seconds, **asdict(capture), **asdict(writes)}
+    return {k: round(v, 3) for k, v in times.items()}
+
+
+def _engine_meta(engine: str, capture: Capture | None) -> dict:
     """What an engine other than hf adds to meta.json: its name, and for sglang its version and
     the layer ids it captured with."""
     if engine == "hf":

@@ -6,6 +6,11 @@ eval split; exports the best to models/drafter/ in SGLang's LlamaForCausalLMEagl
 (checked key by key). Writes reports/train.json, reports/plots/train_loss.csv,
 reports/plots/train_evals.csv (replayed and simulated tau per evaluation) and
 reports/plots/train_acceptance.csv. Under torchrun it trains data-parallel (DDP).
+
+With `extract.store: none` (meta.json's `store`) the shards hold token ids only: the target is
+loaded here, on the training device beside the drafter, and gives each batch its features
+(`online_features`); tokens/s in reports/train.json then include its forward (meta.json, with
+its `store`, is in models/drafter/training_args.json).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from .cli import PathOpt, StageError, params_key, run
 from .drafter.export import check_export, export_drafter
 from .drafter.layers import parse_version
 from .drafter.model import Eagle3Config, Eagle3Drafter, rope_serving_problem
-from .drafter.training import LoopSettings, Objective, train
+from .drafter.training import LoopSettings, Objective, TargetFeatures, feature_dtype, train
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
 from .runtime.io import (
@@ -40,6 +45,8 @@ from .runtime.io import (
     write_csv,
     write_json,
 )
+from .target.features import FeatureExtractor
+from .target.model import load_causal_lm
 from .target.weights import embedding_and_head
 
 
@@ -51,6 +58,30 @@ def build_drafter(target_config, meta: dict, vocab_file: Path, draft: dict) -> E
     drafter = Eagle3Drafter(cfg)
     drafter.set_vocab(vocab["d2t"], vocab["t2d"])
     return drafter
+
+
+def online_features(
+    target: config.TargetParams, meta: dict, device: torch.device, cpu_threads: int | None
+) -> TargetFeatures:
+    """The target on `device`, run on each batch without grad in `target.dtype` (bf16 on a GPU)
+    through the hooks extraction uses; its features rounded to the dtype extract would have
+    stored (meta.json's `dtype`), then given to training as stored ones would be."""
+    with params_key("target"):
+        model = load_causal_lm(
+            target.path, str(device), target.dtype, target.trust_remote_code, cpu_threads
+        )
+    with params_key("extract.layers"):
+        extractor = FeatureExtractor(model, meta["aux_hf_indices"])
+    stored = getattr(torch, meta["dtype"])
+    dtype = feature_dtype(device) or stored
+
+    def add(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        aux, last = extractor(batch["input_ids"], batch["attention_mask"].long())
+        # copies made outside inference mode: autograd may keep them for the backward pass
+        aux, last = (x.to(stored).to(dtype, copy=True) for x in (aux, last))
+        return {**batch, "aux": aux, "last": last}
+
+    return add
 
 
 def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
@@ -172,6 +203,8 @@ def _train(
     if problem := rope_serving_problem(drafter.cfg.rope_scaling, version):
         raise StageError(f"train.draft / train.sglang_version: {problem}")
     embed, head = embedding_and_head(target.path)
+    online = hidden.read_store(hidden_dir) == "none"
+    features = online_features(target, meta, device, p.cpu_threads) if online else None
     train_set = HiddenStates(hidden_dir, "train", p.max_length)
     eval_set = HiddenStates(hidden_dir, "eval", p.max_length)
     if not len(train_set):
@@ -197,9 +230,12 @@ def _train(
             f"[train] {len(train_set)} train / {len(eval_set)} eval samples, "
             f"{s.total_steps} steps, draft {sum(x.numel() for x in drafter.parameters()):,} "
             f"parameters on {device} x {rank.world}"
+            + (", features from the target on each batch (extract.store none)" if online else "")
         )
     objective = Objective(drafter, embed, head, p.ttt_steps, p.decay)
-    history = train(objective, train_set, eval_set, s, checkpoint_dir, device, rank)
+    history = train(
+        objective, train_set, eval_set, s, checkpoint_dir, device, rank, features=features
+    )
     if rank.main:
         best_path = checkpoint_dir / "best.pt"
         chosen = best_path if best_path.exists() else checkpoint_dir / "last.pt"

@@ -8,7 +8,8 @@ imports, whose model runner computes with the HF model and captures the layers a
 code does for the family and the version it reports, so an id the engine gets wrong comes back as
 another layer's features. Then: ids per family and version, batching by length and the split of
 the flat output, the version check, resume, rank-0-only writes under torchrun, the canary, and
-the hf engine's shards bitwise as the extraction always wrote them.
+the hf engine's packed rows through the stage (each sample as if run alone, the same bytes
+whatever the writer threads) and its pipelined host copies.
 """
 
 from __future__ import annotations
@@ -41,15 +42,14 @@ from stages.target.capture import (
     Capture,
     HFCapture,
     Role,
-    capture_shard,
+    ShardCapture,
     leading_rows,
     timed_rate,
 )
-from stages.target.features import FeatureBuffers, FeatureExtractor
-from stages.target.features import capture_shard as old_capture_shard
+from stages.target.features import FeatureBuffers
 from stages.target.model import load_causal_lm
 from tests import fake_sglang
-from tests.conftest import DEMO_TARGET, ROOT
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -388,41 +388,73 @@ def test_extract_with_the_sglang_engine_resumes_shard_by_shard(targets, fake, tm
     assert_hidden_is_hf(targets["llama"], merged, out, [1, 3, 6])
 
 
-# --- the hf engine: bitwise what the extraction always wrote --------------------------------
+# --- the hf engine: packed rows, host copies and writers -----------------------------------
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-def test_hf_engine_shards_are_bitwise_the_old_path(dtype, tmp_path):
-    """The demo target through the stage against features.capture_shard + FeatureExtractor, the
-    code the stage ran before the Capture interface (kept unchanged in features.py). Measured
-    when the interface went in: the stage's shards on a synthetic demo set had the same
-    sha256 before and after the change."""
-    merged = write_merged(tmp_path / "merged", 12, 4, vocab=2048)
-    out = tmp_path / "hidden"
-    target = target_params(DEMO_TARGET)
-    params = config.ExtractParams(shard_tokens=150, batch_tokens=120, dtype=dtype)
-    extract(merged, out, params, target)
-    model = load_causal_lm(str(DEMO_TARGET), device="cpu", dtype="auto")
-    extractor = FeatureExtractor(model, [2, 4, 5])
-    plan = hidden.plan_shards(merged, ["train", "eval"], 150)
-    assert len(plan) >= 3
-    store = {"bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
-    for k, rows in hidden.shard_rows(merged, plan, list(range(len(plan)))):
-        buffers = FeatureBuffers(
-            sum(map(len, (r["input_ids"] for r in rows))), 3 * 128, 128, store, False
+def test_hf_engine_shards_hold_each_sample_as_run_alone_whatever_the_writers(
+    dtype, targets, tmp_path
+):
+    """Samples packed into rows of up to 96 tokens: every stored sample is HF's hidden states of
+    that sample run alone (fp32), and the shards are the same bytes with one writer thread or
+    three, and written again."""
+    merged = write_merged(tmp_path / "merged")
+    shards = {}
+    for run, writers in (("one", 1), ("three", 3), ("again", 3)):
+        params = config.ExtractParams(
+            shard_tokens=60, batch_tokens=96, dtype=dtype, writers=writers
         )
-        old = old_capture_shard(extractor, rows, 120, buffers, torch.device("cpu"))
-        new = shard_tensors(hidden.shard_path(out, k))
-        for key in ("aux", "last", "input_ids"):
-            assert new[key].dtype == old[key].dtype and torch.equal(new[key], old[key]), (k, key)
-    meta = json.loads((out / hidden.META).read_text())
-    assert "engine" not in meta  # the hf engine's meta.json is as it always was
+        report = extract(merged, tmp_path / run, params, target_params(targets["llama"]))
+        assert report["warmup_s"] > 0 and report["time"]["loop_s"] > 0
+        assert report["time"]["forward_s"] > 0 and report["time"]["save_s"] > 0
+        shards[run] = [p.read_bytes() for p in hidden.shard_files(tmp_path / run)]
+    assert len(shards["one"]) >= 3 and shards["one"] == shards["three"] == shards["again"]
+    if dtype == "float32":
+        assert_hidden_is_hf(targets["llama"], merged, tmp_path / "one", [2, 4, 5])
 
 
-def test_capture_shard_without_buffers_runs_the_forwards_and_keeps_nothing(targets, fake):
+def test_shard_capture_hands_a_shard_on_once_the_next_is_queued(targets, fake):
+    """The device never waits for the host between shards: shard k is given to the writer after
+    shard k + 1's forwards were queued, its features intact in a set of buffers of its own."""
+    capture = make_capture("hf", targets["llama"], fake)
+    events: list[tuple[str, int]] = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(capture, name)
+
+        def capture(self, input_ids):
+            events.append(("forward", len(input_ids)))
+            return capture.capture(input_ids)
+
+    H = SMALL["hidden_size"]
+    buffers = FeatureBuffers(100, 3 * H, H, torch.float32, pin=False, sets=3)
+    shards = [(k, [{"input_ids": s} for s in SAMPLES[k : k + 2]]) for k in range(3)]
+    given = ShardCapture(Recording(), buffers, torch.device("cpu")).shards(shards)
+    for k, rows, tensors in given:
+        events.append(("given", k))
+        assert rows == shards[k][1]
+        ends = torch.tensor([0] + [len(r["input_ids"]) for r in rows]).cumsum(0).tolist()
+        got = {
+            i: (tensors["aux"][a:b], tensors["last"][a:b])
+            for i, (a, b) in enumerate(zip(ends, ends[1:]))
+        }
+        assert_is_hf(targets["llama"], [r["input_ids"] for r in rows], got, [2, 4, 5])
+    assert events == [
+        ("forward", 2),
+        ("forward", 2),
+        ("given", 0),
+        ("forward", 2),
+        ("given", 1),
+        ("given", 2),
+    ]
+
+
+def test_shard_capture_without_buffers_runs_the_forwards_and_keeps_nothing(targets, fake):
     capture = make_capture("hf", targets["llama"], fake)
     rows = [{"input_ids": s} for s in SAMPLES]
-    assert set(capture_shard(capture, rows, None)) == {"input_ids"}
+    ((k, _, tensors),) = ShardCapture(capture, None, torch.device("cpu")).shards([(0, rows)])
+    assert k == 0 and set(tensors) == {"input_ids"}
 
 
 # --- torchrun: one TP group, rank 0 writes ---------------------------------------------------
@@ -662,10 +694,12 @@ def test_the_projection_times_one_batch_after_a_warm_up(targets, fake):
             calls.append([len(s) for s in input_ids])
             return capture.capture(input_ids)
 
-    ticks = iter([10.0, 12.0])
+    ticks = iter([9.0, 10.0, 12.0])
     rows = [{"input_ids": s} for s in SAMPLES]
     timed = leading_rows(rows, 50)
     assert [len(r["input_ids"]) for r in timed] == [6, 40]  # up to 50 tokens, at least one
     assert leading_rows(rows[1:], 5) == rows[1:2]
-    rate = timed_rate(Counting(), [r["input_ids"] for r in timed], clock=lambda: next(ticks))
-    assert calls == [[6], [6, 40]] and rate == 46 / 2.0
+    warmup_s, rate = timed_rate(
+        Counting(), [r["input_ids"] for r in timed], clock=lambda: next(ticks)
+    )
+    assert calls == [[6], [6, 40]] and warmup_s == 1.0 and rate == 46 / 2.0

@@ -242,7 +242,8 @@ def test_train_killed_then_rerun(work):
         json.loads((work / f"reports-{run}" / "train.json").read_text())
         for run in ("ref", "killed")
     )
-    assert {**ref, "tokens_per_s": 0} == {**resumed, "tokens_per_s": 0}
+    timings = {"tokens_per_s": 0, "warmup_s": 0}  # seconds of this machine, not results
+    assert {**ref, **timings} == {**resumed, **timings}
 
 
 @pytest.mark.slow

@@ -9,7 +9,15 @@ import re
 import pytest
 import torch
 
-from tests.perf import bench_extract, bench_kimi_width, bench_merge, bench_multi_gpu, bench_train
+from stages.artifacts import hidden
+from tests.perf import (
+    bench_extract,
+    bench_extract_stage,
+    bench_kimi_width,
+    bench_merge,
+    bench_multi_gpu,
+    bench_train,
+)
 
 TINY = [
     "--shape",
@@ -83,6 +91,32 @@ def test_bench_extract_prints_rate_and_share_of_peak(capsys):
         assert (r["% of 989"], r["device"], r["dtype"]) == ("-", "cpu", "float32")
 
 
+@pytest.mark.slow
+def test_bench_extract_stage_times_the_forward_and_the_stage(tmp_path, capsys):
+    """The forward alone and the real extract stage in one process at a tiny CPU shape: both
+    rates and their ratio, the loop's time by part, the shards after the first two deleted
+    behind the stage, the kept ones' features those of each sample run alone."""
+    args = ["--shape", "tiny", "--device", "cpu", "--samples", "24", "--lengths", "16", "48"]
+    args += ["--batch-tokens", "128", "--shard-tokens", "256", "--forward-batch", "2x32"]
+    args += ["--warmup", "1", "--repeat", "2", "--writers", "2", "--work", str(tmp_path / "w")]
+    args += ["--json-out", str(tmp_path / "stage.json")]
+    results = bench_extract_stage.main(args)
+    rows = printed_table(capsys.readouterr().out, "run")
+    assert [r["run"] for r in rows] == ["forward alone 2x32", "stage"]
+    s, forward = results["stage"], results["forward"]
+    for r, rate in zip(rows, (forward["tokens_per_s"], s["tokens_per_s"])):
+        assert rate > 0 and number(r["tokens/s"]) == pytest.approx(rate, abs=0.5)
+    ratio = s["tokens_per_s"] / forward["tokens_per_s"]
+    assert rows[1]["x forward"] == f"{ratio:.2f}"
+    assert results["stage_vs_forward"] == pytest.approx(ratio, abs=1e-3)
+    assert s["extracted_tokens"] == s["tokens"] == number(rows[1]["tokens"])
+    assert s["shards"] >= 3 and s["shards_deleted"] == s["shards"] - 2
+    assert len(hidden.shard_files(tmp_path / "w" / "hidden")) == 2
+    assert s["max_rel_error"] < 1e-2  # bf16 storage of each sample's own features
+    assert s["warmup_s"] > 0 and s["time"]["forward_s"] > 0 and s["time"]["save_s"] > 0
+    assert json.loads((tmp_path / "stage.json").read_text()) == json.loads(json.dumps(results))
+
+
 def test_forward_flops_counts_layer_weights_and_causal_attention():
     model = bench_extract.build_target("tiny", torch.device("cpu"), torch.float32)
     s = bench_extract.SHAPES["tiny"]
@@ -152,6 +186,29 @@ def test_bench_merge_builds_raw_data_and_times_the_merge_stage(tmp_path, capsys)
         assert sum(s["turns"] for s in summary.values()) == 60
     assert number(rows[0]["raw tokens"]) > number(rows[0]["merged tokens"])  # turn 1 twice
     assert not list((tmp_path / "merged").glob(".spill*"))  # the spill folder is removed
+
+
+@pytest.mark.slow
+def test_bench_kimi_width_times_online_training_beside_offline(tmp_path, capsys):
+    """A row per feature store at one length: supervised stores fewer bytes per token than all,
+    none stores no features and trains online (the target run by the train stage and inside the
+    timed step) to the same first loss; every row trains and exports."""
+    args = ["--shape", "tiny", "--device", "cpu", "--lengths", "32"]
+    args += ["--stores", "all", "supervised", "none", "--samples", "1", "--train-steps", "1"]
+    args += ["--ttt-steps", "2", "--warmup", "0", "--repeat", "1", "--work", str(tmp_path)]
+    results = bench_kimi_width.main(args)
+    rows = printed_table(capsys.readouterr().out, "length")
+    assert [(r["store"], r["export"]) for r in rows] == [
+        ("all", "pass"),
+        ("supervised", "pass"),
+        ("none", "pass"),
+    ]
+    # 4 x 64 x bf16 a row; supervised: the span [4, 32) leaves `last` at 28 of 32 positions
+    assert [number(r["bytes/token"]) for r in rows] == [512, (32 * 3 * 128 + 28 * 128) / 32, 0]
+    assert all(number(r["train tok/s"]) > 0 and number(r["ms/step"]) > 0 for r in rows)
+    losses = [row["train"]["final_loss"] for row in results["rows"]]
+    assert losses == pytest.approx([losses[0]] * 3, rel=1e-3)  # bf16 features every way
+    assert [row["extract"]["bytes_per_token_all"] for row in results["rows"]] == [512] * 3
 
 
 def test_batch_shape_names_the_expected_form():

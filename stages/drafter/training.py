@@ -3,7 +3,8 @@ exact resume, and checkpoint selection by acceptance length (not by loss): servi
 replayed over the eval spans, the quantity a benchmark measures.
 
 Plain torch; DistributedDataParallel when launched by torchrun. The step itself is
-`Objective.forward`, so it can be compiled or benchmarked alone.
+`Objective.forward`, so it can be compiled or benchmarked alone. Batches come from the stored
+features, or (online, `extract.store: none`) from `TargetFeatures` run on each batch on the device.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from ..runtime.io import atomic_path, verify_checksum
 from ..runtime.parallel import Rank
 from .model import Eagle3Drafter
 from .ttt import TTTMetrics, ttt_forward
+
+# Online features: a batch of input_ids / loss_mask / attention_mask on the device -> the same
+# batch with the target's aux and last, as training would have read them from shards
+TargetFeatures = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
 
 
 class LoopState(TypedDict):
@@ -164,6 +169,7 @@ def evaluate(
     device: torch.device,
     autocast,
     rank: Rank = Rank(),
+    features: TargetFeatures | None = None,
 ) -> TTTMetrics | None:
     """Metrics over the first eval_max_samples samples; each rank scores every world-th batch."""
     n = min(len(data), s.eval_max_samples)
@@ -173,12 +179,13 @@ def evaluate(
     objective.eval()
     with torch.no_grad():
         for start in range(rank.rank * s.batch_size, n, s.batch_size * rank.world):
-            batch = _to(
+            batch = on_device(
                 collate(
                     [data[i] for i in range(start, min(start + s.batch_size, n))],
                     feature_dtype(device),
                 ),
                 device,
+                features,
             )
             with autocast():
                 _, metrics = objective(batch)
@@ -258,7 +265,10 @@ def train(
     device: torch.device,
     rank: Rank = Rank(),
     log: Callable[[str], None] = print,
+    features: TargetFeatures | None = None,
 ) -> History:
+    """Train to s.total_steps (resuming from checkpoint_dir/last.pt); `features` computes each
+    batch's features on the device when the shards hold none (its time counts in tokens/s)."""
     log = log if rank.main else (lambda _: None)  # the other ranks' figures are the same
     objective.place(device)
     objective.world = rank.world
@@ -309,7 +319,7 @@ def train(
     )
     clock = time.monotonic()
     for state["epoch"], state["cursor"], batch in stream:
-        batch = _to(batch, device)
+        batch = on_device(batch, device, features)
         loss, metrics, grad_norm = training_step(model, batch, params, opt, s.grad_clip, autocast)
         sched.step()
         metrics = summed(metrics, rank, device)
@@ -335,7 +345,7 @@ def train(
                 f"eta {eta:,.0f}s"
             )
         if state["step"] % s.eval_every == 0 or state["step"] == s.total_steps:
-            ev = evaluate(objective, eval_set, s, device, autocast, rank)
+            ev = evaluate(objective, eval_set, s, device, autocast, rank, features)
             if ev is not None:
                 tau = replayed_tau(ev, s.eval_num_steps)
                 simulated = simulated_tau(ev, s.eval_num_steps)
@@ -426,8 +436,10 @@ def prefetched(items: Iterator, depth: int = 2) -> Iterator:
 _END = object()
 
 
-def _to(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+def on_device(batch: dict, device: torch.device, features: TargetFeatures | None) -> dict:
+    """`batch` moved to `device`, with the target's features added there when computed online."""
+    moved = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+    return features(moved) if features is not None else moved
 
 
 def _save(path: Path, obj: dict) -> None:

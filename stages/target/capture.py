@@ -7,26 +7,28 @@ samples' input_ids and gives back, per sample and in the stored dtype, `aux` [T,
 into forwards, and where it runs, is its own business:
 
 - `HFCapture` (here): a whole target per process, forward hooks (features.FeatureExtractor),
-  padded batches by length; under torchrun the processes split the shards between them.
+  samples packed into rows without padding (packing.py); under torchrun the processes split the
+  shards between them.
 - `SGLangCapture` (stages/engines/sglang_capture.py): SGLang's model runner, one tensor-parallel
   group over every torchrun rank; all ranks run every forward, rank 0 writes.
 
-`Role` says which shards a process captures and whether it writes them; `capture_shard` is the
-engine-agnostic loop that puts a shard's features into host buffers.
+`Role` says which shards a process captures and whether it writes them; `ShardCapture` is the
+engine-agnostic loop that puts shards' features into host buffers while the next forwards run.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from .features import FeatureBuffers, FeatureExtractor, length_batches
+from .features import FeatureBuffers, FeatureExtractor, compile_layers
+from .packing import PackedRow, packed_rows, use_packed_attention, warm_up_row
 
 # (position of the sample in the batch given, aux [T, num_aux * H], last [T, H])
 Captured = tuple[int, torch.Tensor, torch.Tensor]
@@ -73,7 +75,9 @@ class Capture(Protocol):
 
     def capture(self, input_ids: Sequence[Sequence[int]]) -> Iterator[Captured]:
         """(position, aux, last) for every sample of `input_ids`, each once, in any order. The
-        tensors may be views of the engine's own buffers: copy them before the next one."""
+        tensors are copied out on another stream after they are given (ShardCapture), so no
+        later forward may write into them: a fresh tensor per forward, as both engines give
+        (the caching allocator keeps its memory until the copies are done)."""
         ...
 
 
@@ -94,9 +98,11 @@ def config_facts(path: str | Path) -> tuple[str, int, int]:
 class HFCapture:
     """The `hf` engine: a whole target in this process, hooks on its decoder layers.
 
-    Samples are grouped by length into padded batches of at most `batch_tokens` (sorted, so
-    padding stays small), exactly as the extract stage always batched them: the features are
-    bitwise those of `features.capture_shard`.
+    Samples are packed in order into rows of at most `batch_tokens` tokens, each sample's
+    positions from 0 and its attention within itself (packing.py), so no forward computes
+    padding. With `compile`, each decoder layer is torch.compiled once for every row length
+    (dynamic shapes); the first capture compiles it on a synthetic row before any real one
+    (timed_rate's warm-up), so no sample waits for a compilation and no row length recompiles.
     """
 
     def __init__(
@@ -106,8 +112,13 @@ class HFCapture:
         dtype: torch.dtype,
         batch_tokens: int,
         role: Role = Role(),
+        compile: bool = False,
     ):
         self.extractor = FeatureExtractor(model, aux_indices)
+        use_packed_attention(model)
+        if compile:
+            compile_layers(model, dynamic=True)
+        self._cold = compile
         self.model = model
         self.batch_tokens = batch_tokens
         self._dtype = dtype
@@ -141,19 +152,18 @@ class HFCapture:
         return self._role
 
     def capture(self, input_ids: Sequence[Sequence[int]]) -> Iterator[Captured]:
-        rows = [{"pos": i, "input_ids": ids} for i, ids in enumerate(input_ids)]
-        for batch in length_batches(rows, self.batch_tokens):
-            width = max(len(r["input_ids"]) for r in batch)
-            ids = torch.zeros((len(batch), width), dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for b, r in enumerate(batch):
-                ids[b, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-                mask[b, : len(r["input_ids"])] = 1
-            aux, last = self.extractor(ids.to(self.device), mask.to(self.device))
-            aux, last = aux.to(self._dtype), last.to(self._dtype)
-            for b, r in enumerate(batch):
-                n = len(r["input_ids"])
-                yield r["pos"], aux[b, :n], last[b, :n]
+        if self._cold:
+            self._forward(warm_up_row(self.batch_tokens))
+            self._cold = False
+        for row_samples in packed_rows([len(s) for s in input_ids], self.batch_tokens):
+            row = PackedRow.of([input_ids[p] for p in row_samples])
+            aux, last = self._forward(row)
+            for p, (start, end) in zip(row_samples, row.spans):
+                yield p, aux[start:end], last[start:end]
+
+    def _forward(self, row: PackedRow) -> tuple[torch.Tensor, torch.Tensor]:
+        aux, last = self.extractor(**row.to(self.device).inputs())
+        return aux[0].to(self._dtype), last[0].to(self._dtype)
 
 
 def check_features(capture: Capture, n: int, aux: torch.Tensor, last: torch.Tensor) -> None:
@@ -169,49 +179,140 @@ def check_features(capture: Capture, n: int, aux: torch.Tensor, last: torch.Tens
         raise ValueError(f"capture gave {aux.dtype}/{last.dtype}, not the stored {capture.dtype}")
 
 
-def capture_shard(
-    capture: Capture, rows: list[dict], buffers: FeatureBuffers | None
-) -> dict[str, torch.Tensor]:
-    """Features of `rows` (dicts with input_ids) in order: aux and last in the next set of
-    `buffers`, and input_ids. With no buffers (a process that does not write) the forwards run
-    and nothing is kept."""
-    lengths = [len(r["input_ids"]) for r in rows]
-    starts = torch.tensor([0] + lengths).cumsum(0).tolist()
-    out = buffers.take(sum(lengths)) if buffers is not None else None
-    devices = set()
-    seen = 0
-    for pos, aux, last in capture.capture([r["input_ids"] for r in rows]):
-        check_features(capture, lengths[pos], aux, last)
-        seen += 1
+@dataclass
+class CaptureTimes:
+    """Where extraction's time went, in seconds: the device's forwards and its copies out (CUDA
+    events; wall clock on the CPU), and the host waiting for the copies to land."""
+
+    forward_s: float = 0.0
+    copy_s: float = 0.0
+    landed_wait_s: float = 0.0
+
+
+@dataclass
+class _Queued:
+    """A shard whose forwards and copies are queued: its features, and the CUDA events that
+    tell when they are done (empty on the CPU, where they already are)."""
+
+    k: int
+    rows: list[dict]
+    tensors: dict[str, torch.Tensor]
+    forward: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+    copies: list[tuple[torch.cuda.Event, torch.cuda.Event]] = field(default_factory=list)
+
+
+class ShardCapture:
+    """Shards' features into host buffers, pipelined so that the device does not wait for the
+    host: the copies out of the device run on a stream of their own, overlapping the next
+    forwards, and a shard is handed on once its copies have landed, which is after the next
+    shard's forwards have been queued. `buffers` needs two sets besides those the caller still
+    holds (one filling, one landing); with none (a process that does not write) the forwards
+    run and nothing is kept; with no capture (nothing stored) a shard is its input_ids."""
+
+    def __init__(
+        self, capture: Capture | None, buffers: FeatureBuffers | None, device: torch.device
+    ):
+        self.capture = capture
+        self.buffers = buffers
+        self.cuda = device.type == "cuda" and capture is not None
+        self.stream = torch.cuda.Stream(device) if self.cuda else None  # the copies'
+        self.device = device
+        self.times = CaptureTimes()
+
+    def shards(
+        self, shards: Iterable[tuple[int, list[dict]]]
+    ) -> Iterator[tuple[int, list[dict], dict[str, torch.Tensor]]]:
+        """(k, rows, features) for each (k, rows) of `shards`, in order: aux and last (in a set
+        of `buffers`) and input_ids, of rows (dicts with input_ids) in order."""
+        pending: _Queued | None = None
+        for k, rows in shards:
+            queued = self.capture_shard(k, rows)
+            if pending is not None:
+                yield self._landed(pending)
+            pending = queued
+        if pending is not None:
+            yield self._landed(pending)
+
+    def capture_shard(self, k: int, rows: list[dict]) -> _Queued:
+        """Queue the forwards of shard k's rows and the copies of their features."""
+        lengths = [len(r["input_ids"]) for r in rows]
+        starts = torch.tensor([0] + lengths).cumsum(0).tolist()
+        out = self.buffers.take(sum(lengths)) if self.buffers is not None else None
+        input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
+        queued = _Queued(k, rows, {"input_ids": input_ids})
         if out is not None:
-            start, n = starts[pos], lengths[pos]
-            out[0][start : start + n].copy_(aux, non_blocking=True)
-            out[1][start : start + n].copy_(last, non_blocking=True)
-            devices.add(aux.device)
-    if seen != len(rows):
-        raise ValueError(f"capture gave features for {seen} of {len(rows)} samples")
-    for device in devices:
-        if device.type == "cuda":
-            torch.cuda.current_stream(device).synchronize()  # the copies have landed
-    input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
-    if out is None:
-        return {"input_ids": input_ids}
-    return {"aux": out[0], "last": out[1], "input_ids": input_ids}
+            queued.tensors.update(aux=out[0], last=out[1])
+        if self.capture is None:
+            return queued
+        start = self._event(torch.cuda.current_stream(self.device)) if self.cuda else None
+        clock, copied = time.perf_counter(), self.times.copy_s
+        seen = 0
+        for pos, aux, last in self.capture.capture([r["input_ids"] for r in rows]):
+            check_features(self.capture, lengths[pos], aux, last)
+            seen += 1
+            if out is not None:
+                at = slice(starts[pos], starts[pos] + lengths[pos])
+                copies = self._copy(((out[0][at], aux), (out[1][at], last)))
+                queued.copies += [copies] if copies else []
+        if seen != len(rows):
+            raise ValueError(f"capture gave features for {seen} of {len(rows)} samples")
+        if start is not None:
+            queued.forward = (start, self._event(torch.cuda.current_stream(self.device)))
+        else:  # the CPU ran the forwards and the copies in turn
+            self.times.forward_s += time.perf_counter() - clock - (self.times.copy_s - copied)
+        return queued
+
+    @staticmethod
+    def _event(stream: torch.cuda.Stream) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def _copy(self, pairs) -> tuple[torch.cuda.Event, torch.cuda.Event] | None:
+        """Copy (host, device) pairs; on a GPU queued on the copy stream after the forward that
+        made them, between two events."""
+        if self.stream is None:
+            clock = time.perf_counter()
+            for dst, src in pairs:
+                dst.copy_(src)
+            self.times.copy_s += time.perf_counter() - clock
+            return None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        start = self._event(self.stream)
+        with torch.cuda.stream(self.stream):
+            for dst, src in pairs:
+                dst.copy_(src, non_blocking=True)
+                src.record_stream(self.stream)  # its memory stays until the copy is done
+        return start, self._event(self.stream)
+
+    def _landed(self, queued: _Queued) -> tuple[int, list[dict], dict[str, torch.Tensor]]:
+        """Wait for a queued shard's copies (its forwards without copies) and count the device
+        time they took."""
+        clock = time.perf_counter()
+        if queued.forward is not None:
+            for _, done in [queued.forward, *queued.copies[-1:]]:
+                done.synchronize()
+            self.times.forward_s += queued.forward[0].elapsed_time(queued.forward[1]) / 1e3
+            self.times.copy_s += sum(a.elapsed_time(b) for a, b in queued.copies) / 1e3
+        self.times.landed_wait_s += time.perf_counter() - clock
+        return queued.k, queued.rows, queued.tensors
 
 
 def timed_rate(
     capture: Capture,
     input_ids: Sequence[Sequence[int]],
     clock: Callable[[], float] = time.monotonic,
-) -> float:
-    """Tokens/s of one capture of `input_ids`, after an untimed warm-up on the first sample (CUDA
-    start-up, kernel compilation): what the projection before a run is based on."""
+) -> tuple[float, float]:
+    """(seconds of a warm-up on the first sample: CUDA start-up, kernel compilation; tokens/s of
+    one capture of `input_ids` after it): the warm-up a run reports apart, and the rate the
+    projection before it is based on."""
     if not input_ids:
-        return 0.0
-    _drain(capture.capture(input_ids[:1]))
+        return 0.0, 0.0
     start = clock()
+    _drain(capture.capture(input_ids[:1]))
+    warm = clock()
     _drain(capture.capture(input_ids))
-    return sum(map(len, input_ids)) / max(clock() - start, 1e-9)
+    return warm - start, sum(map(len, input_ids)) / max(clock() - warm, 1e-9)
 
 
 def _drain(captured: Iterator[Captured]) -> None:

@@ -55,77 +55,50 @@ class FeatureExtractor:
 
     @torch.inference_mode()
     def __call__(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **inputs
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [B, T] -> (aux [B, T, A], last [B, T, H]): a padded batch with its attention
+        mask, or samples packed into one row with the row's `inputs` and no mask
+        (packing.PackedRow.inputs)."""
         self._captured.clear()
-        self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        # no cache: transformers' packed-sequence detection is off with one
+        self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **inputs)
         aux = torch.cat([self._captured[i] for i in self.aux_indices], dim=-1)
         last = self._captured["last"]
         self._captured.clear()
         return aux, last
 
 
-def length_batches(rows: list[dict], batch_tokens: int) -> list[list[dict]]:
-    """Rows sorted by length, grouped so padded batch size stays under batch_tokens."""
-    batches: list[list[dict]] = []
-    current: list[dict] = []
-    for row in sorted(rows, key=lambda r: len(r["input_ids"])):
-        if current and len(row["input_ids"]) * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(row)
-    return batches + ([current] if current else [])
+def compile_layers(model, dynamic: bool) -> None:
+    """torch.compile each decoder layer on its own (one graph, reused by every layer); the
+    capture hooks stay outside the compiled code. `dynamic`: one graph for every row length
+    (packed rows) instead of one per shape (a fixed benchmark batch)."""
+    _, layers, _ = decoder_parts(model)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward, dynamic=dynamic)
 
 
 class FeatureBuffers:
-    """Host memory a shard's features are copied into straight from the device, in two sets used
-    in turn: one fills while the other is being written. Pinned on a GPU host, where a copy into
-    pageable memory measured about 1 GiB/s on an H200 host and one into pinned memory about 50."""
+    """Host memory a shard's features are copied into straight from the device, in `sets` taken
+    in turn: one fills while the others wait for their copies to land or are being written, and a
+    set is filled again `sets` shards later, when the caller must be done with it (ShardWriter's
+    order of waiting makes it so). Pinned on a GPU host, where a copy into pageable memory
+    measured about 1 GiB/s on an H200 host and one into pinned memory about 50."""
 
-    def __init__(self, tokens: int, aux_width: int, hidden: int, dtype: torch.dtype, pin: bool):
+    def __init__(
+        self, tokens: int, aux_width: int, hidden: int, dtype: torch.dtype, pin: bool, sets: int
+    ):
         self.sets = [
             tuple(
                 torch.empty((tokens, width), dtype=dtype, pin_memory=pin)
                 for width in (aux_width, hidden)
             )
-            for _ in range(2)
+            for _ in range(sets)
         ]
         self.turn = 0
 
     def take(self, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(aux [tokens, aux_width], last [tokens, hidden]) views of the next set."""
         aux, last = self.sets[self.turn]
-        self.turn ^= 1
+        self.turn = (self.turn + 1) % len(self.sets)
         return aux[:tokens], last[:tokens]
-
-
-def capture_shard(
-    extractor: FeatureExtractor,
-    rows: list[dict],
-    batch_tokens: int,
-    buffers: FeatureBuffers,
-    device: torch.device,
-) -> dict[str, torch.Tensor]:
-    """Features of `rows` (dicts with sample_id, input_ids) in order, batched by length; aux and
-    last land in the next set of `buffers`."""
-    lengths = [len(r["input_ids"]) for r in rows]
-    starts = dict(
-        zip((r["sample_id"] for r in rows), torch.tensor([0] + lengths).cumsum(0).tolist())
-    )
-    aux_out, last_out = buffers.take(sum(lengths))
-    for batch in length_batches(rows, batch_tokens):
-        width = max(len(r["input_ids"]) for r in batch)
-        ids = torch.zeros((len(batch), width), dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, r in enumerate(batch):
-            ids[b, : len(r["input_ids"])] = torch.tensor(r["input_ids"])
-            mask[b, : len(r["input_ids"])] = 1
-        aux, last = extractor(ids.to(device), mask.to(device))
-        for b, r in enumerate(batch):
-            start, n = starts[r["sample_id"]], len(r["input_ids"])
-            aux_out[start : start + n].copy_(aux[b, :n], non_blocking=True)
-            last_out[start : start + n].copy_(last[b, :n], non_blocking=True)
-    if device.type == "cuda":
-        torch.cuda.current_stream(device).synchronize()  # the copies have landed
-    input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
-    return {"aux": aux_out, "last": last_out, "input_ids": input_ids}

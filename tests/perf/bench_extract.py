@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from stages.drafter.layers import default_aux_indices
 from stages.runtime.device import resolve_device
-from stages.target.features import FeatureExtractor, decoder_parts
+from stages.target.features import FeatureExtractor, compile_layers, decoder_parts
 
 H200_BF16_DENSE_TFLOPS = 989.0
 
@@ -162,14 +162,6 @@ def forward_flops(model, batch: int, length: int) -> float:
     return batch * (2 * weights * length + attention)
 
 
-def compile_layers(model) -> None:
-    """torch.compile each decoder layer on its own (one graph, reused by every layer, per batch
-    shape); the capture hooks stay outside the compiled code."""
-    _, layers, _ = decoder_parts(model)
-    for layer in layers:
-        layer.forward = torch.compile(layer.forward, dynamic=False)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_arguments(parser, ["1x2048", "4x2048", "8x2048"])
@@ -211,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
     ]
     variant = "compile" if args.compile else "eager"
     if args.compile:
-        compile_layers(model)
+        compile_layers(model, dynamic=False)  # one graph per batch shape
     rows = []
     for batch, length in args.batches:
         ids = torch.randint(model.config.vocab_size, (batch, length), device=device)

@@ -7,17 +7,19 @@ experts as one GPU holds.
     python -m tests.perf.bench_kimi_width [--shape kimi-k2.5|tiny] [--device auto|cpu|cuda]
         [--layers 6] [--experts 16] [--experts-per-token 8] [--lengths 4096 8192]
         [--intermediate 18432] [--train-steps 6] [--warmup 2] [--repeat 5]
-        [--work /tmp/kimi-width] [--json-out FILE]
+        [--stores all supervised none] [--work /tmp/kimi-width] [--json-out FILE]
 
 The target is built in bf16 directly on the GPU (HF's initialisation, std 0.02) and saved as a
 sharded safetensors checkpoint under --work (kept and reused while its config is the same), so
-the stages load it the way they load a real one. Then, for each sequence length, at batch 1:
+the stages load it the way they load a real one. Then, for each sequence length and each
+feature store of --stores (`extract.store`; default all), at batch 1:
 
 (a) extract: `stages.extract.extract` on a merged split written with the merge stage's columns
     (random token ids, one supervised span per sample; --samples train samples and one eval
     sample, each its own shard and its own forward): the stage's own tokens/s (its shard loop:
     forward, host copies, shard writes; at 6 layers the copies and writes weigh far more than
-    they do behind 61), the peak GPU memory (model included) and bytes/token;
+    they do behind 61), the peak GPU memory (model included) and the feature bytes stored per
+    token (`supervised`: the rows and final states the loss reads; `none`: token ids only);
 (b) train: `stages.train.main`, the train stage itself with a params file, for --train-steps
     optimizer steps on those features (7 TTT steps, draft vocabulary 32,000, the draft shape that
     Eagle3Config.from_target derives: hidden 7168, 64 heads, head_dim 128, MLP --intermediate),
@@ -26,7 +28,9 @@ the stages load it the way they load a real one. Then, for each sequence length,
     the first 3, which compile flex attention and the loss and are timed apart) and `stage peak
     GiB` its peak GPU memory. Then the same step (`training_step`, the drafter built as the
     stage builds it) on the first extracted sample, timed as bench_train times it: `train
-    tok/s` and `ms/step`, the median of --repeat steps after --warmup, and `train peak GiB`;
+    tok/s` and `ms/step`, the median of --repeat steps after --warmup, and `train peak GiB`.
+    With store `none` (online) the stage loads the target beside the drafter and runs it on
+    every batch, and the timed step includes that forward (`stages.train.online_features`);
 (c) export: the train stage exports the best checkpoint for SGLang 0.5.16 (`export_drafter`) and
     checks it key by key (`check_export`); it is checked again here and `pass` is printed. When
     training did not finish, the untrained drafter is exported and checked instead.
@@ -56,7 +60,7 @@ from transformers import AutoConfig
 
 from stages import config
 from stages import train as train_stage
-from stages.artifacts.hidden import HiddenStates, collate
+from stages.artifacts.hidden import STORES, HiddenStates, collate
 from stages.artifacts.merged import COLUMNS
 from stages.drafter.export import check_export, export_drafter
 from stages.drafter.layers import default_aux_indices, serving_layer_ids
@@ -169,10 +173,16 @@ def write_merged(out: Path, length: int, samples: int, vocab: int, seed: int) ->
 
 
 def run_extract(
-    merged: Path, hidden: Path, target: Path, device: torch.device, length: int, aux: list[int]
+    merged: Path,
+    hidden: Path,
+    target: Path,
+    device: torch.device,
+    length: int,
+    aux: list[int],
+    store: str = "all",
 ) -> dict:
     params = config.ExtractParams(
-        layers=aux, shard_tokens=length, batch_tokens=length, dtype="bfloat16"
+        layers=aux, shard_tokens=length, batch_tokens=length, dtype="bfloat16", store=store
     )
     target_params = config.TargetParams(path=str(target), device=str(device))
     return extract(merged, hidden, params, target_params)
@@ -218,9 +228,17 @@ def time_train_step(
 ) -> dict:
     """The train stage's step (`training_step`: TTT forward, backward, clip, AdamW) on the first
     extracted train sample, built as the stage builds it, timed as bench_train times it: the
-    median of --repeat steps after --warmup, so compilation and start-up stay out of the rate."""
+    median of --repeat steps after --warmup, so compilation and start-up stay out of the rate.
+    Online (store none) each step first runs the target on the batch, as the stage does."""
     p = config.section(config.TrainParams, "train", params)
     meta = json.loads((hidden / "meta.json").read_text())
+    features = (
+        train_stage.online_features(
+            config.section(config.TargetParams, "target", params), meta, device, None
+        )
+        if meta.get("store") == "none"
+        else lambda batch: batch
+    )
     target_config = AutoConfig.from_pretrained(target, local_files_only=True)
     drafter = train_stage.build_drafter(target_config, meta, vocab, p.draft)
     embed, head = embedding_and_head(target)
@@ -234,7 +252,7 @@ def time_train_step(
     tokens = int(batch["attention_mask"].sum())
     reset_peak_memory(device)
     seconds = median_seconds(
-        lambda: training_step(objective, batch, weights, opt, p.grad_clip, autocast),
+        lambda: training_step(objective, features(batch), weights, opt, p.grad_clip, autocast),
         device,
         args.warmup,
         args.repeat,
@@ -286,8 +304,10 @@ def check(drafter_dir: Path, target: Path, aux: list[int]) -> dict:
     }
 
 
-def bench_length(args, length: int, target: Path, device: torch.device, aux: list[int]) -> dict:
-    work = args.work / f"T{length}"
+def bench_length(
+    args, length: int, store: str, target: Path, device: torch.device, aux: list[int]
+) -> dict:
+    work = args.work / (f"T{length}" if store == "all" else f"T{length}-{store}")
     shutil.rmtree(work, ignore_errors=True)
     vocab_size = SHAPES[args.shape]["vocab_size"]
     counts = write_merged(work / "merged", length, args.samples, vocab_size, seed=length)
@@ -297,11 +317,11 @@ def bench_length(args, length: int, target: Path, device: torch.device, aux: lis
     params = work / "params.yaml"
     write_params(params, args, target, device, length)
     hidden = work / "hidden"
-    row: dict = {"length": length, "batch": 1}
+    row: dict = {"length": length, "batch": 1, "store": store}
 
     reset_peak_memory(device)
     try:
-        report = run_extract(work / "merged", hidden, target, device, length, aux)
+        report = run_extract(work / "merged", hidden, target, device, length, aux, store)
     except torch.cuda.OutOfMemoryError as err:
         row["extract"] = {"error": OOM, "message": str(err).splitlines()[0]}
     else:
@@ -309,10 +329,11 @@ def bench_length(args, length: int, target: Path, device: torch.device, aux: lis
             "tokens_per_s": report["tokens_per_s"],
             "tokens": report["tokens"],
             "peak_gib": round(peak_memory_gib(device), 2),
-            "bytes_per_token": report["bytes"] // report["tokens"],
+            "bytes_per_token": report["bytes_per_token"],
+            "bytes_per_token_all": report["bytes_per_token_all"],
         }
     free(device)
-    print(f"[kimi-width] T={length} extract: {row['extract']}", flush=True)
+    print(f"[kimi-width] T={length} {store} extract: {row['extract']}", flush=True)
     if "error" in row["extract"]:
         row["train"] = row["step"] = row["export"] = {"error": "no features"}
         return row
@@ -332,14 +353,14 @@ def bench_length(args, length: int, target: Path, device: torch.device, aux: lis
             "wall_s": round(time.monotonic() - start, 1),
         }
     free(device)
-    print(f"[kimi-width] T={length} train stage: {row['train']}", flush=True)
+    print(f"[kimi-width] T={length} {store} train stage: {row['train']}", flush=True)
 
     try:
         row["step"] = time_train_step(params, vocab, hidden, target, device, args)
     except torch.cuda.OutOfMemoryError as err:
         row["step"] = {"error": OOM, "message": str(err).splitlines()[0]}
     free(device)
-    print(f"[kimi-width] T={length} train step: {row['step']}", flush=True)
+    print(f"[kimi-width] T={length} {store} train step: {row['step']}", flush=True)
 
     trained = "error" not in row["train"]
     try:
@@ -348,7 +369,7 @@ def bench_length(args, length: int, target: Path, device: torch.device, aux: lis
         row["export"] = {**check(work / "drafter", target, aux), "trained": trained}
     except Exception as err:  # reported in the table, the next row still runs
         row["export"] = {"error": f"{type(err).__name__}: {err}"}
-    print(f"[kimi-width] T={length} export: {row['export']}", flush=True)
+    print(f"[kimi-width] T={length} {store} export: {row['export']}", flush=True)
     if not args.keep:
         for name in ("checkpoints", "hidden"):
             shutil.rmtree(work / name, ignore_errors=True)
@@ -374,6 +395,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
             [
                 str(r["length"]),
                 str(r["batch"]),
+                r["store"],
                 cell(e, "tokens_per_s", ",.0f"),
                 cell(e, "peak_gib", ".2f"),
                 cell(e, "bytes_per_token", ","),
@@ -391,6 +413,7 @@ def table_rows(rows: list[dict]) -> list[list[str]]:
 COLUMNS_PRINTED = [
     "length",
     "batch",
+    "store",
     "extract tok/s",
     "extract peak GiB",
     "bytes/token",
@@ -426,6 +449,14 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--train-steps", type=int, default=10, help="the train stage's steps")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before the timing")
     parser.add_argument("--repeat", type=int, default=5, help="timed steps (the median counts)")
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        default=["all"],
+        choices=list(STORES),
+        help="extract.store of each row: all, supervised (what the loss reads), none (online: "
+        "the train stage runs the target)",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/kimi-width"))
     parser.add_argument(
         "--keep", action="store_true", help="keep each row's features and checkpoints"
@@ -492,8 +523,9 @@ def main(argv: list[str] | None = None) -> dict:
         free(device)
 
     for length in args.lengths:
-        results["rows"].append(bench_length(args, length, target, device, aux))
-        save()
+        for store in args.stores:
+            results["rows"].append(bench_length(args, length, store, target, device, aux))
+            save()
     print(
         f"\nKimi-K2.5 widths ({args.shape}): {args.layers} layers, {args.experts} routed experts "
         f"({args.experts_per_token} per token), aux {aux} (SGLang ids {ids['sglang']}, vLLM "
