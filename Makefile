@@ -37,7 +37,7 @@ check: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-# Under a minute: everything but the slow tests (training runs, whole pipelines, kill -9, torchrun).
+# A few minutes: everything but the slow tests (training runs, whole pipelines, kill -9, torchrun).
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
