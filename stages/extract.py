@@ -80,10 +80,7 @@ def build_capture(
     if params.engine == "sglang":
         from .engines.sglang_capture import SGLangCapture
 
-        with params_key("target"):
-            _, num_layers, _ = config_facts(target.path)
-        with params_key("extract.layers"):
-            indices = params.layers or default_aux_indices(num_layers)
+        indices = config_only_facts(params, target, rank, world).aux_indices
         s = params.sglang
         with params_key("extract.sglang"):
             return SGLangCapture(
