@@ -287,6 +287,7 @@ class TrainParams:
     seed: int = 0
     device: str = "auto"
     cpu_threads: int | None = None  # torch threads on CPU; None = torch's default
+    compile: bool = False  # torch.compile the whole training objective on a GPU (CPU: eager)
     draft: dict = field(default_factory=dict)  # overrides of the draft layer's shapes
     sglang_version: str | None = None  # the SGLang serving the drafter; None: ids for every one
 

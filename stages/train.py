@@ -102,8 +102,12 @@ def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
         eval_max_samples=p.eval_max_samples,
         checkpoint_every=p.checkpoint_every,
         seed=p.seed,
+        compile=p.compile,
     )
 
+
+# Params that change how fast a run computes, not what it trains: changing them resumes the run.
+SPEED_ONLY = ("device", "cpu_threads", "compile")
 
 # The evaluations' figures per step, for the report and `dvc plots`
 EVAL_COLUMNS = ("step", "replayed_tau", "simulated_tau")
@@ -111,6 +115,16 @@ EVAL_COLUMNS = ("step", "replayed_tau", "simulated_tau")
 # a size and sha256 beside each), so that older checkpoints start the run over instead of failing
 # to resume.
 CHECKPOINT_FORMAT = 3
+
+
+def run_identity(p: config.TrainParams, features: str, vocab_file: Path) -> dict:
+    """What checkpoints belong to: the params that change the drafter (all but SPEED_ONLY), the
+    features' fingerprint and the vocabulary file's hash."""
+    return {
+        "train": {k: v for k, v in p.__dict__.items() if k not in SPEED_ONLY},
+        "hidden": features,
+        "vocab": hashlib.sha256(vocab_file.read_bytes()).hexdigest()[:16],
+    }
 
 
 def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
@@ -215,14 +229,7 @@ def _train(
     hidden.verify_shards(hidden_dir, shards[rank.rank :: rank.world])
     s = settings(p, len(train_set))
     if rank.main:
-        start_or_resume(
-            checkpoint_dir,
-            {
-                "train": p.__dict__,
-                "hidden": meta["fingerprint"],
-                "vocab": hashlib.sha256(vocab_file.read_bytes()).hexdigest()[:16],
-            },
-        )
+        start_or_resume(checkpoint_dir, run_identity(p, meta["fingerprint"], vocab_file))
     if rank.world > 1:
         torch.distributed.barrier()
     if rank.main:

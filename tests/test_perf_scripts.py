@@ -78,6 +78,21 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
         )
 
 
+@pytest.mark.slow
+def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys):
+    """--compile times the objective as train.compile runs it; --check (the eager fast path
+    against float32) comes after the timings, so its kernels cannot push the timed ones past the
+    recompile limit."""
+    bench_train.main(TINY[:4] + ["--batches", "1x32", "--ttt-steps", "2", "--compile", "--check"])
+    out = capsys.readouterr().out
+    rows = printed_table(out.split("1x32 fast path")[0], "batch")
+    assert [(r["batch"], r["dtype"]) for r in rows] == [("1", "fp32 compiled")]
+    assert number(rows[0]["tokens/s"]) > 0
+    check = re.search(r"1x32 fast path vs float32 reference: loss rel diff ([0-9.e+-]+),", out)
+    assert check and float(check[1]) < 1e-5, out
+    assert out.index("tokens/s") < out.index("fast path vs float32")
+
+
 def test_bench_extract_prints_rate_and_share_of_peak(capsys):
     bench_extract.main(TINY)
     rows = printed_table(capsys.readouterr().out, "variant")

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import replace
+from pathlib import Path
 
-from stages.train import CHECKPOINT_FORMAT, start_or_resume
+import yaml
+
+from stages.config import TrainParams
+from stages.train import CHECKPOINT_FORMAT, SPEED_ONLY, run_identity, start_or_resume
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RUN = {"train": {"lr": 0.001}, "hidden": "abc", "vocab": "def"}
 
@@ -37,3 +45,26 @@ def test_changed_params_start_over(tmp_path):
     directory = checkpoints_of(tmp_path, {"checkpoint_format": CHECKPOINT_FORMAT, **RUN})
     start_or_resume(directory, {**RUN, "train": {"lr": 0.002}})
     assert not (directory / "last.pt").exists()
+
+
+def test_speed_only_params_resume_and_the_others_start_over(tmp_path):
+    """Moving a run to another device, thread count or compiled step resumes it; any param that
+    changes the drafter starts it over."""
+    vocab = tmp_path / "vocab.safetensors"
+    vocab.write_bytes(b"ids")
+    base = TrainParams()
+    identity = run_identity(base, "features", vocab)
+    for speed in ({"device": "cuda:1"}, {"cpu_threads": 7}, {"compile": True}):
+        assert run_identity(replace(base, **speed), "features", vocab) == identity, speed
+    assert run_identity(replace(base, lr=base.lr * 2), "features", vocab) != identity
+    assert run_identity(base, "other features", vocab) != identity
+
+
+def test_the_params_that_rerun_the_stage_are_the_ones_that_restart_training():
+    """dvc.yaml's train params (what `dvc repro` reruns the stage for) against TrainParams: every
+    field but the speed-only ones, so a rerun never resumes a drafter trained otherwise."""
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["train"]
+    declared = {p.removeprefix("train.") for p in stage["params"] if p.startswith("train.")}
+    fields = {f.name for f in dataclasses.fields(TrainParams)}
+    assert declared == fields - set(SPEED_ONLY)
+    assert set(SPEED_ONLY) <= fields

@@ -428,7 +428,7 @@ _COMPILED: dict = {}
 def compiled_on_gpu(fn, on_gpu: bool):
     """fn, compiled once per process on a GPU (one fused kernel; dynamic shapes, so every length
     and batch shares it), eager elsewhere."""
-    if not on_gpu:
+    if not on_gpu or torch.compiler.is_compiling():  # inside a compiled caller: its graph
         return fn
     if fn not in _COMPILED:
         _COMPILED[fn] = torch.compile(fn, dynamic=True)
@@ -570,7 +570,13 @@ def attend_flex(q: Tensor, kv: DraftKV) -> Tensor:
         return prefix | chain
 
     block_mask = create_block_mask(
-        visible, B, None, Q, keys.shape[2], device=str(q.device), _compile=q.is_cuda
+        visible,
+        B,
+        None,
+        Q,
+        keys.shape[2],
+        device=str(q.device),
+        _compile=q.is_cuda and not torch.compiler.is_compiling(),
     )
     return _flex_attention(q.is_cuda)(q, keys, values, block_mask=block_mask, enable_gqa=True)
 
@@ -586,6 +592,8 @@ def _flex_attention(compiled: bool):
 
     if not compiled:
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return flex_attention
+    if torch.compiler.is_compiling():  # inside a compiled caller: its graph
         return flex_attention
     if not _COMPILED_FLEX:
         # dynamic: one kernel for every prefix length and chain length (static shapes would

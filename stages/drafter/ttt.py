@@ -159,8 +159,9 @@ class TTTMetrics:
     replay_rounds: Tensor  # [K] those rounds (verify steps), drafting chains of k + 1
 
     @classmethod
-    def zeros(cls, steps: int) -> TTTMetrics:
-        return cls(*torch.zeros(len(cls.__dataclass_fields__), steps, dtype=torch.float64))
+    def zeros(cls, steps: int, device: torch.device | str = "cpu") -> TTTMetrics:
+        fields = len(cls.__dataclass_fields__)
+        return cls(*torch.zeros(fields, steps, dtype=torch.float64, device=device))
 
     def __add__(self, other: TTTMetrics) -> TTTMetrics:
         return TTTMetrics(
@@ -169,7 +170,7 @@ class TTTMetrics:
 
     @staticmethod
     def _rate(num: Tensor, den: Tensor) -> list[float]:
-        return [float(n) / float(d) if d else float("nan") for n, d in zip(num, den)]
+        return [n / d if d else float("nan") for n, d in zip(num.tolist(), den.tolist())]
 
     @property
     def loss(self) -> list[float]:
@@ -249,7 +250,12 @@ def step_metrics(
 ) -> TTTMetrics:
     """Count per-step and chained matches from [B, T] per-step tensors: loss and accuracy over
     the `valid` positions, chains (acceptance) over the `scored` ones, serving's rounds replayed
-    over the `supervised` tokens' spans."""
+    over the `supervised` tokens' spans.
+
+    The counts stay on the tensors' device: copying them to the host here would make the host
+    wait for the forward before it queues the backward, and the GPU then idles through every
+    small kernel the host launches after it (a tenth of a step at batch 1). Reading a rate
+    copies them when the figures are wanted."""
     chain_valid = torch.ones_like(valid[0])
     chain_correct = torch.ones_like(valid[0])
     rows = []
@@ -265,8 +271,8 @@ def step_metrics(
             (chain_correct & chain_valid).sum(),
             (prefix_correct & chain_valid).sum(),
         ]
-        rows.append(torch.stack([c.double() for c in counts]).cpu())
-    replay = [c.double().cpu() for c in replay_counts(correct, supervised)]
+        rows.append(torch.stack([c.double() for c in counts]))
+    replay = [c.double() for c in replay_counts(correct, supervised)]
     return TTTMetrics(*torch.stack(rows, dim=1), *replay)
 
 

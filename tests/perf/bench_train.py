@@ -3,13 +3,16 @@
 
     python -m tests.perf.bench_train [--shape llama-3.1-8b|kimi-k2.5|tiny] [--device auto|cpu|cuda]
         [--batches 1x2048 4x2048] [--ttt-steps 7] [--attention auto reference flex] [--check]
-        [--tf32] [--profile] [--json-out F]
+        [--tf32] [--compile] [--profile] [--json-out F]
 
 `--attention` times each attention implementation in turn (auto: flex on a GPU); `--check`
-first compares loss and gradients of the fast path (what `auto` runs: bf16 autocast, flex
+then compares loss and gradients of the fast path (what `auto` runs: bf16 autocast, flex
 attention on a GPU, the fused loss) against the plain float32 reference (no autocast, the
 materialised attention) on one fresh random batch per shape, and prints the largest relative
-differences. A shape that does not fit prints OOM.
+differences; it runs after every timing, as the reference's float32 kernels count against the
+compiled kernels' recompile limit (past it the timed path would run unfused). `--compile` times
+the objective compiled as one graph, as `train.compile` runs it (the dtype column says
+"compiled"; the warm-up steps compile it). A shape that does not fit prints OOM.
 
 The inputs are what the train stage gives the step: a float32 drafter (the optimizer's master
 weights), the target embedding and LM head in their stored dtype (bf16 on a GPU, float32 on the
@@ -32,6 +35,7 @@ from stages.drafter.training import (
     Objective,
     adamw,
     autocast_for,
+    compiled_objective,
     feature_dtype,
     training_step,
 )
@@ -101,6 +105,9 @@ def main(argv: list[str] | None = None) -> None:
         "--tf32", action="store_true", help="let float32 matmuls (the target-label matmul) use TF32"
     )
     parser.add_argument(
+        "--compile", action="store_true", help="the objective compiled (train.compile)"
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="after timing, print the kernels of one step by device time",
@@ -118,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = "bf16 autocast" if device.type == "cuda" else "fp32"
     dtype += " tf32" if args.tf32 else ""
+    dtype += " compiled" if args.compile else ""
     columns = ["batch", "length", "attention", "tokens/s", "ms/step", "labels ms"]
     columns += ["peak GiB", "device", "dtype", "ttt_steps"]
     rows, records = [], []
@@ -133,19 +141,13 @@ def main(argv: list[str] | None = None) -> None:
         f"median of {args.repeat} after {args.warmup} warm-up steps"
     )
 
+    model = compiled_objective(objective) if args.compile else objective
+
     def step(batch: dict[str, torch.Tensor]) -> None:
-        training_step(objective, batch, params, opt, 1.0, autocast)
+        training_step(model, batch, params, opt, 1.0, autocast)
 
     for batch_size, length in args.batches:
         batch = random_batch(drafter.cfg, batch_size, length, device)
-        if args.check:
-            try:
-                check = compare_with_reference(objective, batch)
-            except torch.OutOfMemoryError:
-                objective.drafter.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-                check = "OOM (the reference does not fit)"
-            print(f"{batch_size}x{length} fast path vs float32 reference: {check}")
         for impl in args.attention:
             drafter.midlayer.self_attn.impl = impl
             record = {"batch": batch_size, "length": length, "attention": impl}
@@ -189,6 +191,16 @@ def main(argv: list[str] | None = None) -> None:
                 print_profile(lambda: step(batch), device)
         del batch
     print_table(columns, rows)
+    if args.check:  # after the timings: the float32 reference compiles kernels of its own
+        for batch_size, length in args.batches:
+            batch = random_batch(drafter.cfg, batch_size, length, device)
+            try:
+                check = compare_with_reference(objective, batch)
+            except torch.OutOfMemoryError:
+                objective.drafter.zero_grad(set_to_none=True)
+                torch.cuda.empty_cache()
+                check = "OOM (the reference does not fit)"
+            print(f"{batch_size}x{length} fast path vs float32 reference: {check}")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"shape": args.shape, "device": str(device), "rows": records}, f, indent=1)
