@@ -253,9 +253,8 @@ def step_metrics(
     over the `supervised` tokens' spans.
 
     The counts stay on the tensors' device: copying them to the host here would make the host
-    wait for the forward before it queues the backward, and the GPU then idles through every
-    small kernel the host launches after it (a tenth of a step at batch 1). Reading a rate
-    copies them when the figures are wanted."""
+    wait for the forward before it queues the backward (and would cut a compiled objective's
+    graph in two). Reading a rate copies them when the figures are wanted."""
     chain_valid = torch.ones_like(valid[0])
     chain_correct = torch.ones_like(valid[0])
     rows = []
