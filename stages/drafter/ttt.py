@@ -234,7 +234,10 @@ def replay_counts(correct: list[Tensor], supervised: Tensor) -> tuple[Tensor, Te
     end = torch.full_like(there[:, :1], n)
     jump = torch.cat([torch.where(same_span, there, n), end], dim=1)  # [K, n + 1]
     length = torch.cat([torch.ones_like(there), torch.zeros_like(end)], dim=1)
-    for _ in range(width.bit_length()):  # 2 ** levels > rounds of any span
+    # 2 ** levels > rounds of any span; compiled, a bound that holds for every length (a level
+    # past the last changes nothing), so that the graph does not specialise on the length
+    levels = 31 if torch.compiler.is_compiling() else width.bit_length()
+    for _ in range(levels):
         length = length + length.gather(1, jump)
         jump = jump.gather(1, jump)
     rounds = (length[:, :n] * first_round).sum(1)

@@ -25,47 +25,56 @@ def test_the_compiled_objective_is_one_graph_with_the_eager_loss_and_gradients(
     target, target_config
 ):
     """Compiled by the CPU backend (a GPU compiles the same graph): no graph break anywhere in
-    the TTT unroll, the fused loss or the metrics, and loss, metrics and every gradient as the
-    eager objective gives them, on a batch with padding and unsupervised prompt tokens."""
+    the TTT unroll, the fused loss or the metrics; loss, metrics and every gradient as the eager
+    objective gives them, on batches with padding and unsupervised prompt tokens; and batches of
+    other lengths, as training meets them, share one more graph with dynamic lengths instead of
+    compiling again for each length."""
     import torch._dynamo
 
     drafter = make_drafter(target_config).train()
     objective = Objective(drafter, target.model.embed_tokens.weight, target.lm_head.weight, 3, 0.8)
+    compiled = compiled_objective(objective)
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
     g = torch.Generator().manual_seed(0)
-    length = 24
-    ids = torch.randint(0, target_config.vocab_size, (2, length), generator=g)
+    for length in (24, 32, 40):
+        batch = target_batch(target, drafter, length, g)
+        want_loss, want_metrics, want_grads = loss_and_grads(objective, batch)
+        got_loss, got_metrics, got_grads = loss_and_grads(compiled, batch)
+        torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+        for key, want in want_metrics.as_dict().items():
+            assert got_metrics.as_dict()[key] == pytest.approx(want, rel=1e-5, nan_ok=True), key
+        assert got_metrics.replayed_tau == want_metrics.replayed_tau
+        for name, grad in want_grads.items():
+            torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert not counts["graph_break"], dict(counts["graph_break"])
+    assert counts["stats"]["unique_graphs"] == 2, dict(counts["stats"])  # 24, then any length
+
+
+def target_batch(target, drafter, length: int, g: torch.Generator) -> dict:
+    """Two samples of the target's own features, the second padded after 3/4 of its length,
+    the first 5 tokens of each unsupervised (the prompt)."""
+    ids = torch.randint(0, target.config.vocab_size, (2, length), generator=g)
     with torch.no_grad():
         out = target(ids, output_hidden_states=True)
-    aux_ids = drafter.cfg.aux_layer_ids
     attention_mask = torch.ones(2, length, dtype=torch.bool)
-    attention_mask[1, 18:] = False
+    attention_mask[1, 3 * length // 4 :] = False
     loss_mask = attention_mask.clone()
     loss_mask[:, :5] = False
-    batch = {
-        "aux": torch.cat([out.hidden_states[i] for i in aux_ids], dim=-1),
+    return {
+        "aux": torch.cat([out.hidden_states[i] for i in drafter.cfg.aux_layer_ids], dim=-1),
         "last": out.hidden_states[-1],
         "input_ids": ids,
         "loss_mask": loss_mask,
         "attention_mask": attention_mask,
     }
 
-    def loss_and_grads(model):
-        drafter.zero_grad(set_to_none=True)
-        loss, metrics = model(batch)
-        loss.backward()
-        grads = {n: p.grad.clone() for n, p in drafter.named_parameters()}
-        return loss.detach(), metrics, grads
 
-    want_loss, want_metrics, want_grads = loss_and_grads(objective)
-    torch._dynamo.reset()
-    counts = torch._dynamo.utils.counters
-    counts.clear()
-    got_loss, got_metrics, got_grads = loss_and_grads(compiled_objective(objective))
-    assert not counts["graph_break"], dict(counts["graph_break"])
-    assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])
-    torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
-    for key, want in want_metrics.as_dict().items():
-        assert got_metrics.as_dict()[key] == pytest.approx(want, rel=1e-5, nan_ok=True), key
-    assert got_metrics.replayed_tau == want_metrics.replayed_tau
-    for name, grad in want_grads.items():
-        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+def loss_and_grads(model, batch: dict):
+    drafter = model.drafter if isinstance(model, Objective) else model._orig_mod.drafter
+    drafter.zero_grad(set_to_none=True)
+    loss, metrics = model(batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in drafter.named_parameters()}
+    return loss.detach(), metrics, grads
