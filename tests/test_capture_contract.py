@@ -48,6 +48,7 @@ from stages.target.capture import (
 )
 from stages.target.features import FeatureBuffers
 from stages.target.model import load_causal_lm
+from stages.target.packing import packed_rows
 from tests import fake_sglang
 from tests.conftest import ROOT
 
@@ -233,11 +234,13 @@ def test_an_id_convention_mistake_comes_back_as_other_layers(targets, fake, monk
     assert torch.allclose(got[0][0][:, :32], states[4][0], atol=1e-5)  # slot 0 holds index 4
 
 
-def test_flat_batches_pack_by_length_in_order():
-    fb = sglang_capture.flat_batches
-    assert fb([30, 50, 40, 120, 10], 100) == [[0, 1], [2], [3], [4]]
-    assert fb([10] * 5, 100, max_samples=2) == [[0, 1], [2, 3], [4]]
-    assert fb([200], 100) == [[0]] and fb([], 100) == []
+def test_sglang_forwards_group_samples_by_length_and_count_in_order():
+    """The grouping the sglang engine's forwards use (packing.packed_rows, the hf engine's too),
+    with the request pool's cap on samples."""
+    rows = [list(r) for r in packed_rows([30, 50, 40, 120, 10], 100)]
+    assert rows == [[0, 1], [2], [3], [4]]
+    assert [list(r) for r in packed_rows([10] * 5, 100, max_samples=2)] == [[0, 1], [2, 3], [4]]
+    assert packed_rows([200], 100) == [range(1)] and packed_rows([], 100) == []
 
 
 def test_sglang_batches_by_length_and_splits_the_flat_output(targets, fake, monkeypatch):

@@ -62,6 +62,7 @@ import torch
 
 from ..drafter.layers import parse_version, serving_layer_ids, sglang_captured_indices
 from ..target.capture import Captured, Role, config_facts
+from ..target.packing import packed_rows
 from . import EngineError
 
 SUPPORTED_VERSIONS = ("0.5.23",)
@@ -95,24 +96,6 @@ def check_sglang_version(version: str | None = None) -> str:
             f"Install the supported one: {PIP_LINE}"
         )
     return version
-
-
-def flat_batches(
-    lengths: Sequence[int], max_tokens: int, max_samples: int | None = None
-) -> list[list[int]]:
-    """Sample positions, in order, packed into forwards of at most `max_tokens` tokens and
-    `max_samples` samples; a sample longer than max_tokens is a forward of its own."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    total = 0
-    for pos, n in enumerate(lengths):
-        full = max_samples is not None and len(current) >= max_samples
-        if current and (total + n > max_tokens or full):
-            batches.append(current)
-            current, total = [], 0
-        current.append(pos)
-        total += n
-    return batches + ([current] if current else [])
 
 
 def _free_port() -> int:
@@ -257,7 +240,7 @@ class SGLangCapture:
 
     def capture(self, input_ids: Sequence[Sequence[int]]) -> Iterator[Captured]:
         lengths = [len(ids) for ids in input_ids]
-        for batch in flat_batches(lengths, self.max_tokens, self.max_samples()):
+        for batch in packed_rows(lengths, self.max_tokens, self.max_samples()):
             aux, last = self._forward([input_ids[p] for p in batch])
             sizes = [lengths[p] for p in batch]
             yield from zip(batch, aux.split(sizes), last.split(sizes))

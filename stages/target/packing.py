@@ -32,13 +32,14 @@ PACKED = "eagle_pipeline_packed"  # the attention implementation's name in trans
 FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
-def packed_rows(lengths: Sequence[int], budget: int) -> list[range]:
-    """Consecutive samples (positions in `lengths`) grouped into rows of at most `budget` tokens;
-    a sample longer than the budget is a row of its own."""
+def packed_rows(lengths: Sequence[int], budget: int, max_samples: int | None = None) -> list[range]:
+    """Consecutive samples (positions in `lengths`) grouped into rows of at most `budget` tokens
+    and `max_samples` samples; a sample longer than the budget is a row of its own."""
     rows: list[range] = []
     start = total = 0
     for pos, n in enumerate(lengths):
-        if total and total + n > budget:
+        full = max_samples is not None and pos - start >= max_samples
+        if pos > start and (total + n > budget or full):
             rows.append(range(start, pos))
             start, total = pos, 0
         total += n
