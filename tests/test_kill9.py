@@ -84,10 +84,16 @@ def assert_kill_left(
     names = [pattern.replace("*", f"{i:05d}") for i in range(complete + writers)]
     assert sorted(p.name for p in directory.glob(pattern)) == names[:complete]
     assert all(checksum_problem(directory / name) is None for name in names[:complete])
+    assert_killed_temps(directory, names[complete], names[complete + 1 :], pid)
+
+
+def assert_killed_temps(directory: Path, frozen: str, later: list[str], pid: int) -> None:
+    """The temp files process `pid` left: those of `frozen` (killed in its rename), and of the
+    `later` files its other writer threads may have begun; nothing else."""
     left = set(temps(directory))
-    frozen = set(killed_temps(directory / names[complete], pid))
-    later = {temp for name in names[complete + 1 :] for temp in killed_temps(directory / name, pid)}
-    assert frozen <= left and left - frozen <= later, sorted(left)
+    frozen_temps = set(killed_temps(directory / frozen, pid))
+    later_temps = {temp for name in later for temp in killed_temps(directory / name, pid)}
+    assert frozen_temps <= left and left - frozen_temps <= later_temps, sorted(left)
 
 
 def killed_temps(final: Path, pid: int) -> list[Path]:

@@ -5,14 +5,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import yaml
 
 from stages.config import TrainParams
 from stages.train import CHECKPOINT_FORMAT, SPEED_ONLY, run_identity, start_or_resume
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT
 
 RUN = {"train": {"lr": 0.001}, "hidden": "abc", "vocab": "def"}
 

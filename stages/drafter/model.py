@@ -581,25 +581,17 @@ def attend_flex(q: Tensor, kv: DraftKV) -> Tensor:
     return _flex_attention(q.is_cuda)(q, keys, values, block_mask=block_mask, enable_gqa=True)
 
 
-_COMPILED_FLEX: list = []
-
-
 def _flex_attention(compiled: bool):
-    """flex_attention, compiled once per process on a GPU (the fused kernel), eager on the CPU."""
+    """flex_attention through `compiled_on_gpu`: on a GPU the fused kernel, one for every prefix
+    and chain length (static shapes would recompile per batch length and TTT step, and fall back
+    to the unfused form at the limit); eager on the CPU."""
     import warnings
 
     from torch.nn.attention.flex_attention import flex_attention
 
     if not compiled:
         warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        return flex_attention
-    if torch.compiler.is_compiling():  # inside a compiled caller: its graph
-        return flex_attention
-    if not _COMPILED_FLEX:
-        # dynamic: one kernel for every prefix length and chain length (static shapes would
-        # recompile per batch length and TTT step, and fall back to the unfused form at the limit)
-        _COMPILED_FLEX.append(torch.compile(flex_attention, dynamic=True))
-    return _COMPILED_FLEX[0]
+    return compiled_on_gpu(flex_attention, compiled)
 
 
 class MLP(nn.Module):
