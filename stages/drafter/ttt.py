@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .model import Eagle3Drafter, compiled_on_gpu, embed_tokens
@@ -324,6 +325,21 @@ class ShiftedSoftCrossEntropy(torch.autograd.Function):
         return grad.view(batch, length, vocab), None, None
 
 
+def shifted_soft_cross_entropy(logits: Tensor, probs: Tensor, shift: int) -> Tensor:
+    """`ShiftedSoftCrossEntropy`, or inside a compiled caller the same rows written plainly:
+    the caller's graph derives their backward and keeps what its partitioner chooses (the
+    Function's own backward, traced with dynamic lengths, fails in torch 2.11's dynamo: the
+    lengths it reads back are saved as graph outputs it cannot proxy)."""
+    if not torch.compiler.is_compiling():
+        return ShiftedSoftCrossEntropy.apply(logits, probs, shift)
+    batch, length, vocab = logits.shape
+    rows = batch * length
+    keep = (torch.arange(rows, device=logits.device) % length) < length - shift
+    flat = logits.reshape(rows, vocab), probs.reshape(rows, vocab)
+    rows_ce, _ = _ce_rows(*flat, min(shift, rows))
+    return (F.pad(rows_ce, (0, rows - rows_ce.shape[0])) * keep).view(batch, length)
+
+
 def _ce_rows(logits: Tensor, probs: Tensor, shift: int) -> tuple[Tensor, Tensor]:
     """Soft cross-entropy and log-sum-exp of logits row r against probs row r + shift."""
     z = logits[: logits.shape[0] - shift].float()
@@ -371,7 +387,7 @@ def ttt_forward(
     for k, logits in enumerate(
         ttt_unroll(drafter, embed, aux, input_ids, attention_mask, ttt_steps)
     ):
-        ce = ShiftedSoftCrossEntropy.apply(logits, labels.probs, k + 1)
+        ce = shifted_soft_cross_entropy(logits, labels.probs, k + 1)
         total = total + decay**k * (ce * valid[k]).sum() / divisors[k]
         ces.append(ce)
         corrects.append(

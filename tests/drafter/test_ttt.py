@@ -4,11 +4,11 @@ import torch.nn.functional as F
 
 from stages.drafter.model import DraftStep, Eagle3Drafter
 from stages.drafter.ttt import (
-    ShiftedSoftCrossEntropy,
     SoftLabels,
     TTTMetrics,
     replay_counts,
     shift_left,
+    shifted_soft_cross_entropy,
     soft_labels,
     step_metrics,
     ttt_forward,
@@ -212,16 +212,19 @@ def test_gradient_reaches_every_drafter_parameter_and_nothing_else(target, targe
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
+@pytest.mark.parametrize("traced", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shift", [1, 2, 4, 8, 9, 12])
-def test_the_fused_loss_equals_the_plain_soft_cross_entropy(dtype, shift):
+def test_the_fused_loss_equals_the_plain_soft_cross_entropy(dtype, shift, traced, monkeypatch):
     """Values and gradients against -(shift_left(p) * log_softmax(z.float())).sum(-1), over two
-    samples (whose rows must not pair across the boundary), shifts at and past the end."""
+    samples (whose rows must not pair across the boundary), shifts at and past the end; both
+    the eager Function and the form a compiled caller traces (`traced`)."""
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: traced)
     g = torch.Generator().manual_seed(shift)
     logits = (4 * torch.randn(2, 9, 17, generator=g)).to(dtype).requires_grad_(True)
     probs = torch.randn(2, 9, 17, generator=g).softmax(-1)
     weights = torch.randn(2, 9, generator=g)
-    ce = ShiftedSoftCrossEntropy.apply(logits, probs, shift)
+    ce = shifted_soft_cross_entropy(logits, probs, shift)
     (grad,) = torch.autograd.grad((ce * weights).sum(), logits)
     plain = -(shift_left(probs, shift, 0.0) * F.log_softmax(logits.float(), -1)).sum(-1)
     (plain_grad,) = torch.autograd.grad((plain * weights).sum(), logits)

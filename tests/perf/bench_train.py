@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
                     str(args.ttt_steps),
                 ]
             )
+            print("  ".join(f"{c} {v}" for c, v in zip(columns, rows[-1])), flush=True)
             if args.profile:
                 print_profile(lambda: step(batch), device)
         del batch
