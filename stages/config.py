@@ -288,6 +288,7 @@ class TrainParams:
     device: str = "auto"
     cpu_threads: int | None = None  # torch threads on CPU; None = torch's default
     compile: bool = False  # torch.compile the whole training objective on a GPU (CPU: eager)
+    fp8: bool = False  # the draft's linear products in FP8 while training (GPUs of sm 8.9+)
     draft: dict = field(default_factory=dict)  # overrides of the draft layer's shapes
     sglang_version: str | None = None  # the SGLang serving the drafter; None: ids for every one
 

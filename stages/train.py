@@ -103,6 +103,7 @@ def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
         checkpoint_every=p.checkpoint_every,
         seed=p.seed,
         compile=p.compile,
+        fp8=p.fp8,
     )
 
 

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .fp8 import fp8_linear
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ROPE_REQUIRED_KEYS = {  # what each scaling type needs (the engines' fallbacks are guesses)
     "linear": ("factor",),
@@ -402,6 +404,16 @@ def rotate(x: Tensor, positions: Tensor, rope: Rope) -> Tensor:
     return compiled_on_gpu(apply_rope, x.is_cuda)(x, positions, rope)
 
 
+class Linear(nn.Linear):
+    """nn.Linear without bias; with `fp8` set (training with `train.fp8`) its three products
+    (forward, input and weight gradients) run in FP8 (`fp8.py`)."""
+
+    fp8 = False
+
+    def forward(self, x: Tensor) -> Tensor:
+        return fp8_linear(x, self.weight) if self.fp8 else F.linear(x, self.weight)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -486,10 +498,10 @@ class Attention(nn.Module):
             cfg.num_key_value_heads,
             cfg.head_dim,
         )
-        self.q_proj = nn.Linear(2 * cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(2 * cfg.hidden_size, self.heads * self.head_dim, bias=False)
+        self.k_proj = Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
         # "auto": fused flex attention on a GPU for a whole prefix, the reference elsewhere;
         # "reference" / "flex" force one (benchmarks compare them; tests check they agree).
         self.impl = "auto"
@@ -597,9 +609,9 @@ def _flex_attention(compiled: bool):
 class MLP(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
@@ -653,10 +665,10 @@ class Eagle3Drafter(nn.Module):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
         self.cfg = cfg
-        self.fc = nn.Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.fc = Linear(cfg.num_aux * cfg.target_hidden_size, cfg.hidden_size, bias=False)
         self.midlayer = DraftLayer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.draft_vocab_size, bias=False)
         # Until set_vocab: the first draft_vocab_size target ids.
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.int64))
         t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
@@ -678,6 +690,15 @@ class Eagle3Drafter(nn.Module):
             raise ValueError("set_vocab: t2d does not mark exactly the ids i + d2t[i] (ascending)")
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
+
+    def use_fp8(self, on: bool) -> dict[str, tuple[int, int]]:
+        """Switch every linear layer's products to FP8 (or back); their (in, out) widths."""
+        widths = {}
+        for name, module in self.named_modules():
+            if isinstance(module, Linear):
+                module.fp8 = on
+                widths[name] = (module.in_features, module.out_features)
+        return widths
 
     def draft_ids(self, d2t: Tensor | None = None) -> Tensor:
         """Target id of each draft-vocabulary index."""

@@ -29,27 +29,37 @@ def test_the_compiled_objective_is_one_graph_with_the_eager_loss_and_gradients(
     objective gives them, on batches with padding and unsupervised prompt tokens; and batches of
     other lengths, as training meets them, share one more graph with dynamic lengths instead of
     compiling again for each length."""
-    import torch._dynamo
-
     drafter = make_drafter(target_config).train()
-    objective = Objective(drafter, target.model.embed_tokens.weight, target.lm_head.weight, 3, 0.8)
-    compiled = compiled_objective(objective)
-    torch._dynamo.reset()
-    counts = torch._dynamo.utils.counters
-    counts.clear()
-    g = torch.Generator().manual_seed(0)
-    for length in (24, 32, 40):
-        batch = target_batch(target, drafter, length, g)
-        want_loss, want_metrics, want_grads = loss_and_grads(objective, batch)
-        got_loss, got_metrics, got_grads = loss_and_grads(compiled, batch)
+    for (want_loss, want_metrics, want_grads), (
+        got_loss,
+        got_metrics,
+        got_grads,
+    ) in eager_and_compiled(target, drafter):
         torch.testing.assert_close(got_loss, want_loss, rtol=1e-5, atol=1e-6)
         for key, want in want_metrics.as_dict().items():
             assert got_metrics.as_dict()[key] == pytest.approx(want, rel=1e-5, nan_ok=True), key
         assert got_metrics.replayed_tau == want_metrics.replayed_tau
         for name, grad in want_grads.items():
             torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def eager_and_compiled(target, drafter, lengths=(24, 32, 40)):
+    """(eager, compiled) loss, metrics and gradients of the drafter's objective on a batch of
+    each length; once all ran: no graph break, and 2 graphs (the first length, then a dynamic
+    one for every other length)."""
+    import torch._dynamo
+
+    objective = Objective(drafter, target.model.embed_tokens.weight, target.lm_head.weight, 3, 0.8)
+    compiled = compiled_objective(objective)
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    g = torch.Generator().manual_seed(0)
+    for length in lengths:
+        batch = target_batch(target, drafter, length, g)
+        yield loss_and_grads(objective, batch), loss_and_grads(compiled, batch)
     assert not counts["graph_break"], dict(counts["graph_break"])
-    assert counts["stats"]["unique_graphs"] == 2, dict(counts["stats"])  # 24, then any length
+    assert counts["stats"]["unique_graphs"] == 2, dict(counts["stats"])
 
 
 def target_batch(target, drafter, length: int, g: torch.Generator) -> dict:

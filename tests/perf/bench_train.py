@@ -3,7 +3,7 @@
 
     python -m tests.perf.bench_train [--shape llama-3.1-8b|kimi-k2.5|tiny] [--device auto|cpu|cuda]
         [--batches 1x2048 4x2048] [--ttt-steps 7] [--attention auto reference flex] [--check]
-        [--tf32] [--compile] [--profile] [--json-out F]
+        [--tf32] [--compile] [--fp8] [--profile] [--json-out F]
 
 `--attention` times each attention implementation in turn (auto: flex on a GPU); `--check`
 then compares loss and gradients of the fast path (what `auto` runs: bf16 autocast, flex
@@ -12,7 +12,10 @@ materialised attention) on one fresh random batch per shape, and prints the larg
 differences; it runs after every timing, as the reference's float32 kernels count against the
 compiled kernels' recompile limit (past it the timed path would run unfused). `--compile` times
 the objective compiled as one graph, as `train.compile` runs it (the dtype column says
-"compiled"; the warm-up steps compile it). A shape that does not fit prints OOM.
+"compiled"; the warm-up steps compile it). `--fp8` runs the drafter's linear products in FP8,
+as `train.fp8` does (with `--check`, the fast path includes them; emulated on the CPU); `--curve
+N` then trains N steps in bf16 and in FP8 on learnable batches and prints both loss curves. A
+shape that does not fit prints OOM.
 
 The inputs are what the train stage gives the step: a float32 drafter (the optimizer's master
 weights), the target embedding and LM head in their stored dtype (bf16 on a GPU, float32 on the
@@ -28,7 +31,9 @@ import argparse
 import json
 
 import torch
+import torch.nn.functional as F
 
+from stages.drafter.fp8 import fp8_problem
 from stages.drafter.layers import default_aux_indices
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import (
@@ -107,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--compile", action="store_true", help="the objective compiled (train.compile)"
     )
+    parser.add_argument("--fp8", action="store_true", help="linear products in FP8 (train.fp8)")
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -118,6 +124,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--check", action="store_true", help="fast path vs float32 reference: loss, grads"
     )
+    parser.add_argument(
+        "--curve",
+        type=int,
+        metavar="STEPS",
+        help="then train a fresh drafter STEPS steps in bf16 and in FP8 on the same learnable "
+        "batches (the first --batches shape, eager) and print both loss curves",
+    )
     parser.add_argument("--json-out", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
 
@@ -126,12 +139,16 @@ def main(argv: list[str] | None = None) -> None:
     dtype = "bf16 autocast" if device.type == "cuda" else "fp32"
     dtype += " tf32" if args.tf32 else ""
     dtype += " compiled" if args.compile else ""
+    dtype += " fp8" if args.fp8 else ""
     columns = ["batch", "length", "attention", "tokens/s", "ms/step", "labels ms"]
     columns += ["peak GiB", "device", "dtype", "ttt_steps"]
     rows, records = [], []
     torch.manual_seed(0)
     objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
     drafter = objective.drafter
+    widths = drafter.use_fp8(args.fp8)
+    if args.fp8 and device.type == "cuda" and (problem := fp8_problem(device, widths)):
+        parser.error(f"--fp8: {problem}")  # on the CPU: emulated (quantised values, fp32 GEMMs)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = adamw(params, 1e-4, 0.0, device)
     autocast = autocast_for(device)
@@ -196,18 +213,82 @@ def main(argv: list[str] | None = None) -> None:
         for batch_size, length in args.batches:
             batch = random_batch(drafter.cfg, batch_size, length, device)
             try:
-                check = compare_with_reference(objective, batch)
+                check = compare_with_reference(objective, batch, args.fp8)
             except torch.OutOfMemoryError:
                 objective.drafter.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
                 check = "OOM (the reference does not fit)"
             print(f"{batch_size}x{length} fast path vs float32 reference: {check}")
+    if args.curve:
+        del model, objective, drafter, params, opt
+        torch.cuda.empty_cache() if device.type == "cuda" else None
+        batch_size, length = args.batches[0]
+        curves = loss_curves(args, device, batch_size, length)
+        every = max(1, args.curve // 10)
+        print(f"loss every {every} steps, {batch_size}x{length}, lr 3e-4:")
+        for name, losses in curves.items():
+            print(f"  {name:5s} " + " ".join(f"{x:.3f}" for x in losses[every - 1 :: every]))
+        tail = max(1, args.curve // 10)
+        means = {n: sum(c[-tail:]) / tail for n, c in curves.items()}
+        gap = (means["fp8"] - means["bf16"]) / means["bf16"]
+        print(
+            f"mean of the last {tail} steps: bf16 {means['bf16']:.4f}, fp8 {means['fp8']:.4f} "
+            f"({gap:+.2%}); first step {curves['bf16'][0]:.4f}"
+        )
+        records.append({"curves": curves})
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"shape": args.shape, "device": str(device), "rows": records}, f, indent=1)
 
 
-def compare_with_reference(objective: Objective, batch: dict[str, torch.Tensor]) -> str:
+def loss_curves(args, device: torch.device, batch_size: int, length: int) -> dict:
+    """The losses of the same fresh drafter trained without and with FP8 (eager; the compiled
+    objective runs the same products) on the same stream of learnable batches."""
+    curves = {}
+    for name in ("bf16" if device.type == "cuda" else "fp32", "fp8"):
+        torch.manual_seed(0)
+        objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
+        objective.drafter.use_fp8(name == "fp8")
+        params = [p for p in objective.drafter.parameters() if p.requires_grad]
+        opt = adamw(params, 3e-4, 0.0, device)
+        g = torch.Generator(device).manual_seed(1)
+        losses = []
+        for _ in range(args.curve):
+            batch = learnable_batch(objective, batch_size, length, g)
+            loss, _, _ = training_step(objective, batch, params, opt, 0.5, autocast_for(device))
+            losses.append(loss.item())
+        curves[name] = losses
+        del objective, params, opt
+    return curves
+
+
+def learnable_batch(
+    objective: Objective, batch: int, length: int, g: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Features a draft can learn from: the target's last hidden state a moving average of 16
+    positions of noise (so position i + 1 is mostly known at i), its aux features that state
+    plus noise, the tokens the target's head picks from it; every position supervised."""
+    cfg, device = objective.drafter.cfg, objective.embed.device
+    dtype = feature_dtype(device) or torch.bfloat16
+    width = cfg.target_hidden_size
+    noise = torch.randn(batch, width, length + 15, generator=g, device=device)
+    last = 4 * F.avg_pool1d(noise, 16, stride=1).transpose(1, 2)
+    aux = last.repeat(1, 1, cfg.num_aux)
+    aux = aux + 0.1 * torch.randn(aux.shape, generator=g, device=device)
+    ids = (last.to(objective.lm_head.dtype) @ objective.lm_head.T).argmax(-1)
+    ones = torch.ones(batch, length, dtype=torch.bool, device=device)
+    return {
+        "aux": aux.to(dtype),
+        "last": last.to(dtype),
+        "input_ids": ids,
+        "loss_mask": ones,
+        "attention_mask": ones,
+    }
+
+
+def compare_with_reference(
+    objective: Objective, batch: dict[str, torch.Tensor], fp8: bool = False
+) -> str:
     """Loss and gradients of one forward/backward on the same weights and batch: the fast path
     (bf16 autocast on a GPU, flex attention, fused loss chunks) against the plain reference
     (float32, no autocast, the materialised attention): the largest relative difference of the
@@ -220,6 +301,7 @@ def compare_with_reference(objective: Objective, batch: dict[str, torch.Tensor])
     results = {}
     for name, (impl, autocast) in paths.items():
         attn.impl = impl
+        objective.drafter.use_fp8(fp8 and name == "fast")
         objective.drafter.zero_grad(set_to_none=True)
         with autocast():
             loss, _ = objective(batch)
@@ -232,6 +314,7 @@ def compare_with_reference(objective: Objective, batch: dict[str, torch.Tensor])
         results[name] = (loss.detach().float(), grads)
     objective.drafter.zero_grad(set_to_none=True)
     attn.impl = "auto"
+    objective.drafter.use_fp8(fp8)
     (ref_loss, ref), (fast_loss, fast) = results["reference"], results["fast"]
     loss_diff = ((fast_loss - ref_loss).abs() / ref_loss.abs()).item()
     worst = max(ref, key=lambda n: (fast[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-12))
