@@ -556,9 +556,9 @@ def test_compare_catches_a_one_layer_shift_and_passes_when_equal():
 class ShiftedCapture(HFCapture):
     """An hf capture that says it holds [2, 4, 5] but hooks [3, 5, 6]: the one-layer mistake."""
 
-    @property
-    def aux_indices(self) -> list[int]:
-        return [i - 1 for i in self.extractor.aux_indices]
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.aux_indices = [i - 1 for i in self.extractor.aux_indices]
 
 
 def canary_params(tmp_path: Path, target: Path, engine: str, **extract) -> Path:

@@ -132,16 +132,17 @@ class SGLangCapture:
             )
         if tp_size % ep_size:
             raise SGLangCaptureError(f"ep_size {ep_size} does not divide tp_size {tp_size}")
-        arch, num_layers, hidden = config_facts(model_path)
-        self._arch, self._num_layers, self._hidden = arch, num_layers, hidden
-        self._aux = [int(i) for i in aux_indices]
+        # the Capture properties
+        self.architecture, self.num_layers, self.hidden_size = config_facts(model_path)
+        self.aux_indices = [int(i) for i in aux_indices]
+        self.dtype = dtype
+        self.role = Role(0, 1, writes=rank == 0)
         # the ids that make this SGLang version capture exactly HF hidden_states[aux_indices]
-        self.layer_ids = serving_layer_ids(arch, self._aux, num_layers, self.version)["sglang"]
-        captured = sglang_captured_indices(arch, self.layer_ids, num_layers, self.version)
-        if captured != self._aux:  # serving_layer_ids only returns ids that pass this
+        arch, layers = self.architecture, self.num_layers
+        self.layer_ids = serving_layer_ids(arch, self.aux_indices, layers, self.version)["sglang"]
+        captured = sglang_captured_indices(arch, self.layer_ids, layers, self.version)
+        if captured != self.aux_indices:  # serving_layer_ids only returns ids that pass this
             raise SGLangCaptureError(f"ids {self.layer_ids} would capture {captured}")
-        self._dtype = dtype
-        self._role = Role(0, 1, writes=rank == 0)
         self.max_tokens = max_tokens_per_forward
 
         from sglang.srt.configs.model_config import ModelConfig
@@ -205,32 +206,6 @@ class SGLangCapture:
         self._hook_final_state()
         self._forwards = 0
 
-    # --- the Capture properties --------------------------------------------------------------
-
-    @property
-    def aux_indices(self) -> list[int]:
-        return list(self._aux)
-
-    @property
-    def hidden_size(self) -> int:
-        return self._hidden
-
-    @property
-    def num_layers(self) -> int:
-        return self._num_layers
-
-    @property
-    def architecture(self) -> str:
-        return self._arch
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._dtype
-
-    @property
-    def role(self) -> Role:
-        return self._role
-
     # --- capture ---------------------------------------------------------------------------
 
     def max_samples(self) -> int | None:
@@ -293,23 +268,24 @@ class SGLangCapture:
         logits_output = getattr(output, "logits_output", output)
         total = sum(len(ids) for ids in batch)
         aux = getattr(logits_output, "hidden_states", None)
-        width = len(self._aux) * self._hidden
+        width = len(self.aux_indices) * self.hidden_size
         if aux is None or tuple(aux.shape) != (total, width):
             raise SGLangCaptureError(
                 f"SGLang {self.version} returned hidden_states of shape "
                 f"{None if aux is None else tuple(aux.shape)} for {total} tokens; expected "
-                f"({total}, {width}): the aux layers {self._aux} (ids {self.layer_ids}) of every "
-                f"token. Is the radix cache or chunked prefill on, or the capture mode not FULL?"
+                f"({total}, {width}): the aux layers {self.aux_indices} (ids {self.layer_ids}) "
+                f"of every token. Is the radix cache or chunked prefill on, or the capture mode "
+                f"not FULL?"
             )
         last = getattr(logits_output, "last_hidden_states", None)
-        if last is None or tuple(last.shape) != (total, self._hidden):
+        if last is None or tuple(last.shape) != (total, self.hidden_size):
             last = self._final
-        if last is None or tuple(last.shape) != (total, self._hidden):
+        if last is None or tuple(last.shape) != (total, self.hidden_size):
             raise SGLangCaptureError(
                 f"SGLang {self.version}: no post-norm final state of shape ({total}, "
-                f"{self._hidden}) in the forward's output nor at its logits processor"
+                f"{self.hidden_size}) in the forward's output nor at its logits processor"
             )
-        return aux.to(self._dtype), last.to(self._dtype)
+        return aux.to(self.dtype), last.to(self.dtype)
 
     def _hook_final_state(self) -> None:
         """Keep the input of the model's logits processor: the post-norm state of every token."""

@@ -121,35 +121,15 @@ class HFCapture:
         self._cold = compile
         self.model = model
         self.batch_tokens = batch_tokens
-        self._dtype = dtype
-        self._role = role
-        cfg = model.config
-        self._arch = (cfg.architectures or [type(model).__name__])[0]
         self.device = next(model.parameters()).device
-
-    @property
-    def aux_indices(self) -> list[int]:
-        return self.extractor.aux_indices
-
-    @property
-    def hidden_size(self) -> int:
-        return int(self.model.config.hidden_size)
-
-    @property
-    def num_layers(self) -> int:
-        return int(self.model.config.num_hidden_layers)
-
-    @property
-    def architecture(self) -> str:
-        return self._arch
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._dtype
-
-    @property
-    def role(self) -> Role:
-        return self._role
+        # the Capture properties
+        cfg = model.config
+        self.aux_indices = self.extractor.aux_indices
+        self.hidden_size = int(cfg.hidden_size)
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.architecture = (cfg.architectures or [type(model).__name__])[0]
+        self.dtype = dtype
+        self.role = role
 
     def capture(self, input_ids: Sequence[Sequence[int]]) -> Iterator[Captured]:
         if self._cold:
@@ -163,7 +143,7 @@ class HFCapture:
 
     def _forward(self, row: PackedRow) -> tuple[torch.Tensor, torch.Tensor]:
         aux, last = self.extractor(**row.to(self.device).inputs())
-        return aux[0].to(self._dtype), last[0].to(self._dtype)
+        return aux[0].to(self.dtype), last[0].to(self.dtype)
 
 
 def check_features(capture: Capture, n: int, aux: torch.Tensor, last: torch.Tensor) -> None:
