@@ -77,14 +77,20 @@ def temps(directory: Path) -> list[Path]:
 def assert_kill_left(
     directory: Path, pattern: str, complete: int, pid: int, writers: int = 1
 ) -> None:
-    """The kill left `complete` whole files matching `pattern` (the first ones, in order, each
-    with its checksum) and the next one as the killed process's temp files (the file and its
-    recorded checksum, renamed after it); with several writer threads, the others may have begun
-    the files after it (their temp files, nothing else)."""
+    """The kill left `complete` whole files matching `pattern`, each with its checksum, and the
+    killed process's temp files of one file it was renaming (the file and its recorded
+    checksum). With several writer threads the files need not finish in order: the whole ones
+    are among the first `complete + writers`, and the other writers may have begun the files
+    not yet whole among those (their temp files, nothing else)."""
     names = [pattern.replace("*", f"{i:05d}") for i in range(complete + writers)]
-    assert sorted(p.name for p in directory.glob(pattern)) == names[:complete]
-    assert all(checksum_problem(directory / name) is None for name in names[:complete])
-    assert_killed_temps(directory, names[complete], names[complete + 1 :], pid)
+    whole = sorted(p.name for p in directory.glob(pattern))
+    assert len(whole) == complete and set(whole) <= set(names), whole
+    assert all(checksum_problem(directory / name) is None for name in whole)
+    pending = [name for name in names if name not in whole]
+    left = set(temps(directory))
+    frozen = [n for n in pending if set(killed_temps(directory / n, pid)) <= left]
+    assert frozen, f"no file's temp files left by the killed process: {sorted(left)}"
+    assert_killed_temps(directory, frozen[0], [n for n in pending if n != frozen[0]], pid)
 
 
 def assert_killed_temps(directory: Path, frozen: str, later: list[str], pid: int) -> None:
