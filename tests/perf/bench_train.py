@@ -14,8 +14,8 @@ compiled kernels' recompile limit (past it the timed path would run unfused). `-
 the objective compiled as one graph, as `train.compile` runs it (the dtype column says
 "compiled"; the warm-up steps compile it). `--fp8` runs the drafter's linear products in FP8,
 as `train.fp8` does (with `--check`, the fast path includes them; emulated on the CPU); `--curve
-N` then trains N steps in bf16 and in FP8 on learnable batches and prints both loss curves. A
-shape that does not fit prints OOM.
+N` then trains N steps without and with FP8 (bf16 / FP8 on a GPU) on learnable batches and prints
+both loss curves. A shape that does not fit prints OOM.
 
 The inputs are what the train stage gives the step: a float32 drafter (the optimizer's master
 weights), the target embedding and LM head in their stored dtype (bf16 on a GPU, float32 on the
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         "--curve",
         type=int,
         metavar="STEPS",
-        help="then train a fresh drafter STEPS steps in bf16 and in FP8 on the same learnable "
+        help="then train a fresh drafter STEPS steps without and with FP8 on the same learnable "
         "batches (the first --batches shape, eager) and print both loss curves",
     )
     parser.add_argument("--json-out", help="also write the rows as JSON here")
@@ -204,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
                     str(args.ttt_steps),
                 ]
             )
-            print("  ".join(f"{c} {v}" for c, v in zip(columns, rows[-1])), flush=True)
+            progress = "  ".join(f"{c} {v}" for c, v in zip(columns, rows[-1]))
+            print(progress, file=sys.stderr, flush=True)  # the table comes at the end
             if args.profile:
                 print_profile(lambda: step(batch), device)
         del batch
@@ -229,11 +231,11 @@ def main(argv: list[str] | None = None) -> None:
         for name, losses in curves.items():
             print(f"  {name:5s} " + " ".join(f"{x:.3f}" for x in losses[every - 1 :: every]))
         tail = max(1, args.curve // 10)
-        means = {n: sum(c[-tail:]) / tail for n, c in curves.items()}
-        gap = (means["fp8"] - means["bf16"]) / means["bf16"]
+        (base, base_curve), (_, fp8_curve) = curves.items()
+        base_mean, fp8_mean = (sum(c[-tail:]) / tail for c in (base_curve, fp8_curve))
         print(
-            f"mean of the last {tail} steps: bf16 {means['bf16']:.4f}, fp8 {means['fp8']:.4f} "
-            f"({gap:+.2%}); first step {curves['bf16'][0]:.4f}"
+            f"mean of the last {tail} steps: {base} {base_mean:.4f}, fp8 {fp8_mean:.4f} "
+            f"({(fp8_mean - base_mean) / base_mean:+.2%}); first step {base_curve[0]:.4f}"
         )
         records.append({"curves": curves})
     if args.json_out:
