@@ -327,9 +327,9 @@ class ShiftedSoftCrossEntropy(torch.autograd.Function):
 
 def shifted_soft_cross_entropy(logits: Tensor, probs: Tensor, shift: int) -> Tensor:
     """`ShiftedSoftCrossEntropy`, or inside a compiled caller the same rows written plainly:
-    the caller's graph derives their backward and keeps what its partitioner chooses (the
-    Function's own backward, traced with dynamic lengths, fails in torch 2.11's dynamo: the
-    lengths it reads back are saved as graph outputs it cannot proxy)."""
+    the caller's graph derives their backward and keeps what its partitioner chooses. (Traced
+    with dynamic lengths, the Function failed in torch 2.11's dynamo on an H200, an assertion in
+    its autograd-Function tracing, when a second batch shape compiled.)"""
     if not torch.compiler.is_compiling():
         return ShiftedSoftCrossEntropy.apply(logits, probs, shift)
     batch, length, vocab = logits.shape
