@@ -81,10 +81,13 @@ def assert_kill_left(
     killed process's temp files of one file it was renaming (the file and its recorded
     checksum). With several writer threads the files need not finish in order: the whole ones
     are among the first `complete + writers`, and the other writers may have begun the files
-    not yet whole among those (their temp files, nothing else)."""
+    not yet whole among those (their temp files, nothing else). As at most `writers` files are
+    in flight, the first `complete - writers + 1` are whole (with one writer: exactly the first
+    `complete`, in order)."""
     names = [pattern.replace("*", f"{i:05d}") for i in range(complete + writers)]
     whole = sorted(p.name for p in directory.glob(pattern))
     assert len(whole) == complete and set(whole) <= set(names), whole
+    assert set(names[: max(0, complete - writers + 1)]) <= set(whole), whole
     assert all(checksum_problem(directory / name) is None for name in whole)
     pending = [name for name in names if name not in whole]
     left = set(temps(directory))

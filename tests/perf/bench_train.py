@@ -223,14 +223,14 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{batch_size}x{length} fast path vs float32 reference: {check}")
     if args.curve:
         del model, objective, drafter, params, opt
-        torch.cuda.empty_cache() if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         batch_size, length = args.batches[0]
         curves = loss_curves(args, device, batch_size, length)
-        every = max(1, args.curve // 10)
+        tail = every = max(1, args.curve // 10)  # a tenth: printed stride, and the compared tail
         print(f"loss every {every} steps, {batch_size}x{length}, lr 3e-4:")
         for name, losses in curves.items():
             print(f"  {name:5s} " + " ".join(f"{x:.3f}" for x in losses[every - 1 :: every]))
-        tail = max(1, args.curve // 10)
         (base, base_curve), (_, fp8_curve) = curves.items()
         base_mean, fp8_mean = (sum(c[-tail:]) / tail for c in (base_curve, fp8_curve))
         print(
