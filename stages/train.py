@@ -102,6 +102,7 @@ def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
         eval_max_samples=p.eval_max_samples,
         checkpoint_every=p.checkpoint_every,
         seed=p.seed,
+        length_window=p.length_window,
         compile=p.compile,
         fp8=p.fp8,
     )
@@ -273,6 +274,7 @@ def _train(
             "world_size": rank.world,
             "tokens_per_s": round(history.tokens_per_s, 1),
             "warmup_s": round(history.warmup_seconds, 1),
+            "padding_share": round(history.padding_share, 4),
         }
         write_json(metrics, report)
         write_csv(history.steps, plots / "train_loss.csv")

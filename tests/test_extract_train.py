@@ -14,7 +14,14 @@ from transformers import AutoConfig
 from stages import config
 from stages.artifacts.hidden import HiddenStates
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
-from stages.drafter.training import LoopSettings, Objective, autocast_for, evaluate, train
+from stages.drafter.training import (
+    LoopSettings,
+    Objective,
+    autocast_for,
+    batch_order,
+    evaluate,
+    train,
+)
 from stages.drafter.vocab import build_draft_vocab
 from stages.extract import extract
 from stages.target.model import load_causal_lm
@@ -123,6 +130,7 @@ def settings(total):
         eval_max_samples=8,
         checkpoint_every=3,
         seed=0,
+        length_window=2,  # batches of like lengths (batch_order)
     )
 
 
@@ -131,6 +139,7 @@ class KilledAfter:
 
     def __init__(self, data, steps, batch_size):
         self.data, self.left = data, steps * batch_size
+        self.lengths = data.lengths
 
     def __len__(self):
         return len(self.data)
@@ -146,11 +155,23 @@ def test_training_resumes_exactly(hidden, tmp_path):
     _, h, _ = hidden
     train_set, eval_set = HiddenStates(h, "train"), HiddenStates(h, "eval")
     cpu = torch.device("cpu")
-    straight = objective(h)
+    straight, logs = objective(h), []
     history = train(
-        straight, train_set, eval_set, settings(6), tmp_path / "a", cpu, log=lambda _: None
+        straight, train_set, eval_set, settings(6), tmp_path / "a", cpu, log=logs.append
     )
     assert [e["step"] for e in history.evals] == [2, 4, 6]
+    # the first step is named with its time before any other step's line (it may compile)
+    firsts = [i for i, line in enumerate(logs) if line.startswith("[train] first step ")]
+    assert firsts and firsts[0] < next(i for i, line in enumerate(logs) if "step 6/6" in line)
+    assert len(firsts) == 1 and float(logs[firsts[0]].split()[3]) > 0, logs
+    # padding: what the steps' batches, in batch_order's order, pad to their longest
+    lengths, order = train_set.lengths, []
+    for epoch in range(3):  # 6 steps of 4 over 10 samples (the short batch of 2 ends each epoch)
+        order += [batch_order(lengths, 0, epoch, 4, 2)[i : i + 4] for i in (0, 4, 8)]
+    batches = [[lengths[i] for i in b] for b in order[:6]]
+    positions = sum(len(b) * max(b) for b in batches)
+    padding = positions - sum(map(sum, batches))
+    assert padding > 0 and history.padding_share == pytest.approx(padding / positions)
     with pytest.raises(KeyboardInterrupt):  # killed in step 4, after the step-3 checkpoint
         train(
             objective(h),

@@ -60,6 +60,7 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
             "attention",
             "tokens/s",
             "ms/step",
+            "first step s",
             "labels ms",
             "peak GiB",
             "device",
@@ -67,6 +68,7 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
             "ttt_steps",
         }
         assert number(r["tokens/s"]) > 0 and number(r["ms/step"]) > 0
+        assert r["first step s"] != "" and number(r["first step s"]) >= 0
         assert number(r["labels ms"]) > 0 and number(r["peak GiB"]) > 0
         assert (r["device"], r["dtype"], r["ttt_steps"]) == ("cpu", "fp32", "3")
         assert r["attention"] == "auto"  # the reference on the CPU
@@ -105,6 +107,8 @@ def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys
     rows = printed_table(out.split("1x32 fast path")[0], "batch")
     assert [(r["batch"], r["dtype"]) for r in rows] == [("1", "fp32 compiled")]
     assert number(rows[0]["tokens/s"]) > 0
+    # the first step compiles (seconds), the timed ones run the compiled graph (milliseconds)
+    assert number(rows[0]["first step s"]) > 10 * number(rows[0]["ms/step"]) / 1e3
     check = re.search(r"1x32 fast path vs float32 reference: loss rel diff ([0-9.e+-]+),", out)
     assert check and float(check[1]) < 1e-5, out
     assert out.index("tokens/s") < out.index("fast path vs float32")

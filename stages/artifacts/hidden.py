@@ -307,6 +307,12 @@ class HiddenStates:
     def __len__(self) -> int:
         return len(self.rows)
 
+    @property
+    def lengths(self) -> list[int]:
+        """Each sample's length as `__getitem__` gives it (cut to max_length), from the index."""
+        cut = self.max_length
+        return [r["length"] if cut is None else min(r["length"], cut) for r in self.rows]
+
     def _shard(self, k: int):
         if k not in self._files:
             path = shard_path(self.directory, k)

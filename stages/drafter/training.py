@@ -114,6 +114,7 @@ class LoopSettings:
     eval_max_samples: int
     checkpoint_every: int
     seed: int
+    length_window: int = 1  # global batches whose samples are grouped by length (batch_order)
     compile: bool = False  # on a GPU, the training steps run `compiled_objective`
     fp8: bool = False  # the drafter's linear products in FP8 during training steps (fp8.py)
 
@@ -148,8 +149,11 @@ class History:
     tokens: int = 0  # trained on by this run (all ranks) after its warm-up, for its throughput
     seconds: float = 0.0  # spent in those steps (evaluation and saving excluded)
     warmup_seconds: float = 0.0  # spent in this run's first WARMUP_STEPS steps
+    padding: int = 0  # positions of this run's batches (all ranks, all steps) that are padding
+    positions: int = 0  # all positions of those batches
 
-    def add_step(self, tokens: int, seconds: float, warming_up: bool) -> None:
+    def add_step(self, tokens: int, positions: int, seconds: float, warming_up: bool) -> None:
+        self.padding, self.positions = self.padding + positions - tokens, self.positions + positions
         if warming_up:
             self.warmup_seconds += seconds
         else:
@@ -159,10 +163,31 @@ class History:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
+    @property
+    def padding_share(self) -> float:
+        """Of the positions the steps computed, the share that was padding (no token)."""
+        return self.padding / self.positions if self.positions else 0.0
 
-def batch_order(n: int, seed: int, epoch: int) -> list[int]:
+
+def batch_order(
+    lengths: list[int], seed: int, epoch: int, batch_size: int, window: int
+) -> list[int]:
+    """The epoch's samples in a seeded order whose consecutive `batch_size` slices are its
+    global batches. With `window` > 1, each run of `window` batches is cut from its samples
+    sorted by length and then shuffled: batches of like lengths pad little (collate pads to the
+    longest), and which lengths come when stays random."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(n, generator=g).tolist()
+    order = torch.randperm(len(lengths), generator=g).tolist()
+    if window <= 1:
+        return order
+    grouped, span = [], window * batch_size
+    for start in range(0, len(order), span):
+        run = sorted(order[start : start + span], key=lengths.__getitem__)
+        batches = [run[i : i + batch_size] for i in range(0, len(run), batch_size)]
+        full = len(run) // batch_size  # a short batch (the epoch's last) stays at the end
+        for k in torch.randperm(full, generator=g).tolist() + list(range(full, len(batches))):
+            grouped += batches[k]
+    return grouped
 
 
 def evaluate(
@@ -207,17 +232,21 @@ def summed(metrics: TTTMetrics, rank: Rank, device: torch.device) -> TTTMetrics:
     return TTTMetrics(*counts.cpu())
 
 
-def step_totals(loss: torch.Tensor, tokens: torch.Tensor, rank: Rank) -> tuple[float, int]:
-    """(the step's loss averaged over the ranks, the tokens of the whole global batch).
+def step_totals(
+    loss: torch.Tensor, attention_mask: torch.Tensor, rank: Rank
+) -> tuple[float, int, int]:
+    """(the step's loss averaged over the ranks, the tokens of the whole global batch, its
+    positions with padding).
 
     Each rank's loss is its share of the global mean (`Objective.per_rank_share`), so the
     average over ranks is the loss of the global batch, the objective DDP's gradient descends.
     """
-    both = torch.stack([loss.detach().float(), tokens.float()])
+    positions = torch.tensor(attention_mask.numel(), device=loss.device)
+    sums = torch.stack([loss.detach().float(), attention_mask.sum().float(), positions.float()])
     if rank.world > 1:
-        torch.distributed.all_reduce(both)
-    loss_sum, token_sum = both.tolist()
-    return loss_sum / rank.world, int(token_sum)
+        torch.distributed.all_reduce(sums)
+    loss_sum, token_sum, position_sum = sums.tolist()
+    return loss_sum / rank.world, int(token_sum), int(position_sum)
 
 
 def feature_dtype(device: torch.device) -> torch.dtype | None:
@@ -303,7 +332,8 @@ def train(
             "fp8: runs compiled only (set compile: true): eager, its quantisation ran as separate "
             "kernels and the step took 231 ms against bf16's 95 ms (1x2048, one H200)"
         )
-    step_model = compiled_objective(model) if s.compile and device.type == "cuda" else model
+    compiling = s.compile and device.type == "cuda"
+    step_model = compiled_objective(model) if compiling else model
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = adamw(params, s.lr, s.weight_decay, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -339,6 +369,8 @@ def train(
             pin=device.type == "cuda",
         )
     )
+    if compiling:  # silent for minutes otherwise: about 1.5 at 1 x 2048 on an H200, 4 at 4 x 2048
+        log("[train] the first step compiles the objective (minutes on a GPU)")
     clock = time.monotonic()
     for state["epoch"], state["cursor"], batch in stream:
         batch = on_device(batch, device, features)
@@ -349,11 +381,13 @@ def train(
         drafter.use_fp8(False)
         sched.step()
         metrics = summed(metrics, rank, device)
-        step_loss, step_tokens = step_totals(loss, batch["attention_mask"].sum(), rank)
+        step_loss, step_tokens, positions = step_totals(loss, batch["attention_mask"], rank)
         state["step"] += 1
         # a run too short to have steps after its warm-up counts them all
         warming_up = state["step"] - first <= WARMUP_STEPS < s.total_steps - first
-        history.add_step(step_tokens, time.monotonic() - clock, warming_up)
+        history.add_step(step_tokens, positions, time.monotonic() - clock, warming_up)
+        if state["step"] == first + 1:
+            log(f"[train] first step {time.monotonic() - clock:.3f} s (warm-up, not in the rate)")
         row = {
             "step": state["step"],
             "loss": round(step_loss, 5),
@@ -424,11 +458,15 @@ def batch_stream(
 ) -> Iterator[tuple[int, int, dict]]:
     """(epoch, cursor after it, this rank's collated share) of each of the next `steps` global
     batches: a seeded shuffle per epoch, so a resumed run sees the batches it would have seen."""
-    order = batch_order(len(data), s.seed, epoch)
+
+    def order_of(epoch: int) -> list[int]:
+        return batch_order(data.lengths, s.seed, epoch, s.batch_size, s.length_window)
+
+    order = order_of(epoch)
     for _ in range(steps):
         if cursor >= len(order):
             epoch, cursor = epoch + 1, 0
-            order = batch_order(len(data), s.seed, epoch)
+            order = order_of(epoch)
         picked = order[cursor : cursor + s.batch_size]
         cursor += s.batch_size
         mine = picked[rank.rank :: rank.world] or picked[:1]

@@ -54,7 +54,9 @@ def soft_labels(
     as the target computes them (in its dtype). Work goes `chunk` positions of one sample at a
     time, so the full-vocabulary logits and their fp32 copy (read by the softmax over draft ids
     and by the argmax) are at most [chunk, vocab] whatever the batch size: at a 163,840
-    vocabulary, batch-wide ones would take gigabytes.
+    vocabulary, batch-wide ones would take gigabytes. Inside a compiled caller all rows go in one
+    pass (the float32 copy fuses into its readers): a loop over chunks would unroll into a copy of
+    its kernels per chunk, each compiled apart, and tie the graph to the batch shape.
     """
     vocab = drafter.cfg.vocab_size
     is_logits = last_or_logits.shape[-1] == vocab and target_lm_head is None
@@ -68,15 +70,18 @@ def soft_labels(
             )
         head = target_lm_head.to(last_or_logits.dtype).T
     draft_ids = drafter.draft_ids()
+    if torch.compiler.is_compiling():
+        rows = [last_or_logits.flatten(0, 1)]
+    else:
+        rows = [part for sample in last_or_logits for part in sample.split(chunk)]
     parts = []
     with torch.autocast(last_or_logits.device.type, enabled=False):
-        for sample in last_or_logits:
-            for part in sample.split(chunk):
-                logits = (part if is_logits else part @ head).float()
-                restricted = logits[:, draft_ids]
-                parts.append(
-                    (restricted.softmax(-1), restricted.argmax(-1), drafter.t2d[logits.argmax(-1)])
-                )
+        for part in rows:
+            logits = (part if head is None else part @ head).float()
+            restricted = logits[:, draft_ids]
+            parts.append(
+                (restricted.softmax(-1), restricted.argmax(-1), drafter.t2d[logits.argmax(-1)])
+            )
     batch_positions = last_or_logits.shape[:2]
     probs, argmax, in_vocab = (torch.cat(p).unflatten(0, batch_positions) for p in zip(*parts))
     return SoftLabels(probs, argmax, in_vocab)

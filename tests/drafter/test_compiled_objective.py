@@ -8,6 +8,7 @@ import torch
 from stages.drafter import model as model_module
 from stages.drafter.model import compiled_on_gpu, rms_norm
 from stages.drafter.training import Objective, compiled_objective
+from stages.drafter.ttt import soft_labels
 
 from .conftest import make_drafter
 
@@ -18,6 +19,27 @@ def test_inside_a_compiled_caller_the_parts_are_traced_not_compiled_apart(monkey
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert compiled_on_gpu(rms_norm, True) is rms_norm
     assert model_module._flex_attention(True).__name__ == "flex_attention"
+
+
+def test_compiled_soft_labels_take_every_length_in_one_dynamic_graph(target, drafter):
+    """Eager, the target's labels go `chunk` positions at a time; traced that way the graph
+    would hold a copy of the chunk's kernels per chunk and guard on the chunk count, compiling
+    once more for every length that adds a chunk (past the recompile limit, eager). Compiled,
+    they are one pass over all rows: a static graph for the first length, one dynamic graph for
+    every other, with the chunked labels' values."""
+    import torch._dynamo
+
+    head = target.lm_head.weight
+    compiled = torch.compile(lambda last: soft_labels(last, drafter, head, chunk=8))
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    for length in (12, 20, 28, 44):  # 2, 3, 4 and 6 chunks of 8
+        last = torch.randn(2, length, head.shape[1])
+        want, got = soft_labels(last, drafter, head, chunk=8), compiled(last)
+        torch.testing.assert_close(got.probs, want.probs)
+        assert torch.equal(got.argmax, want.argmax) and torch.equal(got.in_vocab, want.in_vocab)
+    assert counts["stats"]["unique_graphs"] == 2, dict(counts["stats"])
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ materialised attention) on one fresh random batch per shape, and prints the larg
 differences; it runs after every timing, as the reference's float32 kernels count against the
 compiled kernels' recompile limit (past it the timed path would run unfused). `--compile` times
 the objective compiled as one graph, as `train.compile` runs it (the dtype column says
-"compiled"; the warm-up steps compile it). `--fp8` runs the drafter's linear products in FP8,
+"compiled"; the first step compiles it: `first step s`, counted among the warm-up steps and
+never in the rate). `--fp8` runs the drafter's linear products in FP8,
 as `train.fp8` does (with `--check`, the fast path includes them; emulated on the CPU); `--curve
 N` then trains N steps without and with FP8 (bf16 / FP8 on a GPU) on learnable batches and prints
 both loss curves. A shape that does not fit prints OOM.
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype += " tf32" if args.tf32 else ""
     dtype += " compiled" if args.compile else ""
     dtype += " fp8" if args.fp8 else ""
-    columns = ["batch", "length", "attention", "tokens/s", "ms/step", "labels ms"]
+    columns = ["batch", "length", "attention", "tokens/s", "ms/step", "first step s", "labels ms"]
     columns += ["peak GiB", "device", "dtype", "ttt_steps"]
     rows, records = [], []
     torch.manual_seed(0)
@@ -172,7 +173,10 @@ def main(argv: list[str] | None = None) -> None:
             shape = [str(batch_size), str(length), impl]
             try:
                 reset_peak_memory(device)
-                seconds = median_seconds(lambda: step(batch), device, args.warmup, args.repeat)
+                print(f"{batch_size}x{length} {impl}: first step", file=sys.stderr, flush=True)
+                first = median_seconds(lambda: step(batch), device, 0, 1)  # compiles, --compile
+                warmup = max(args.warmup - 1, 0)
+                seconds = median_seconds(lambda: step(batch), device, warmup, args.repeat)
                 peak = peak_memory_gib(device)
                 labels = median_seconds(
                     lambda: soft_labels(batch["last"], drafter, objective.lm_head),
@@ -183,13 +187,14 @@ def main(argv: list[str] | None = None) -> None:
             except torch.OutOfMemoryError:
                 opt.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
-                rows.append([*shape, "OOM", "", "", "", device.type, dtype])
+                rows.append([*shape, "OOM", "", "", "", "", device.type, dtype])
                 rows[-1].append(str(args.ttt_steps))
                 records.append({**record, "oom": True})
                 continue
             record |= {
                 "tokens_per_s": round(batch_size * length / seconds, 1),
                 "ms_per_step": round(1e3 * seconds, 2),
+                "first_step_s": round(first, 2),
                 "peak_gib": round(peak, 2),
             }
             records.append(record)
@@ -198,6 +203,7 @@ def main(argv: list[str] | None = None) -> None:
                     *shape,
                     f"{batch_size * length / seconds:,.0f}",
                     f"{1e3 * seconds:.1f}",
+                    f"{first:.1f}",
                     f"{1e3 * labels:.1f}",
                     f"{peak:.2f}",
                     device.type,
