@@ -55,8 +55,8 @@ def soft_labels(
     time, so the full-vocabulary logits and their fp32 copy (read by the softmax over draft ids
     and by the argmax) are at most [chunk, vocab] whatever the batch size: at a 163,840
     vocabulary, batch-wide ones would take gigabytes. Inside a compiled caller all rows go in one
-    pass (the float32 copy fuses into its readers): a loop over chunks would unroll into a copy of
-    its kernels per chunk, each compiled apart, and tie the graph to the batch shape.
+    pass: a loop over chunks would unroll into a copy of its kernels per chunk and guard on the
+    chunk count, compiling again for every length that adds a chunk.
     """
     vocab = drafter.cfg.vocab_size
     is_logits = last_or_logits.shape[-1] == vocab and target_lm_head is None
