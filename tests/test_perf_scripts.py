@@ -114,6 +114,23 @@ def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys
     assert out.index("tokens/s") < out.index("fast path vs float32")
 
 
+@pytest.mark.slow
+def test_bench_train_compile_trains_the_fp8_curve_compiled(capsys):
+    """--compile --curve: both curves' drafters run the compiled objective (a GPU's eager FP8
+    step is slow), each its own graph beside the timed one."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    bench_train.main(TINY[:4] + ["--batches", "1x32", "--ttt-steps", "2", "--compile", "--fp8"]
+                     + ["--curve", "4"])  # fmt: skip
+    out = capsys.readouterr().out
+    curves = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line[:3] == "  f"}
+    assert sorted(curves) == ["fp32", "fp8"] and len(curves["fp8"]) == 4, out
+    assert counts["stats"]["unique_graphs"] == 3, dict(counts["stats"])  # timed, fp32, fp8
+
+
 def test_bench_extract_prints_rate_and_share_of_peak(capsys):
     bench_extract.main(TINY)
     rows = printed_table(capsys.readouterr().out, "variant")
