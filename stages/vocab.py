@@ -11,7 +11,6 @@ from pathlib import Path
 
 import duckdb
 import torch
-from safetensors.torch import save_file
 from transformers import AutoConfig
 
 from . import config
@@ -19,7 +18,7 @@ from .artifacts.merged import split_path
 from .cli import PathOpt, StageError, run
 from .drafter.vocab import build_draft_vocab
 from .queries import rows
-from .runtime.io import atomic_path, remove_stale_temps_around, write_json
+from .runtime.io import atomic_path, remove_stale_temps_around, save_safetensors, write_json
 
 
 def supervised_counts(train_file: Path, vocab_size: int) -> torch.Tensor:
@@ -57,7 +56,7 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
     total = int(counts.sum())
     covered = int(counts[t2d].sum())
     with atomic_path(out, (d2t.numel() + counts.numel()) * 8 + t2d.numel()) as tmp:
-        save_file({"d2t": d2t, "t2d": t2d, "counts": counts}, str(tmp))
+        save_safetensors({"d2t": d2t, "t2d": t2d, "counts": counts}, tmp)
     metrics = {
         "draft_vocab_size": vocab.draft_vocab_size,
         "target_vocab_size": vocab_size,

@@ -184,7 +184,10 @@ def test_training_resumes_exactly(hidden, tmp_path):
         )
     assert torch.load(tmp_path / "b" / "last.pt", weights_only=True)["state"]["step"] == 3
     resumed = objective(h)
-    train(resumed, train_set, eval_set, settings(6), tmp_path / "b", cpu, log=lambda _: None)
+    again = train(
+        resumed, train_set, eval_set, settings(6), tmp_path / "b", cpu, log=lambda _: None
+    )
+    assert again.padding_share == history.padding_share  # counted over the whole run
     for (name, a), (_, b) in zip(
         straight.drafter.state_dict().items(), resumed.drafter.state_dict().items()
     ):

@@ -138,6 +138,34 @@ def test_remove_stale_temps_keeps_a_running_writers(tmp_path):
     assert remove_stale_temps(tmp_path / "missing") == []
 
 
+KILLED_IN_SAFETENSORS = """
+import os, signal, sys, torch
+from pathlib import Path
+import safetensors.torch
+from stages.runtime.io import atomic_path, save_safetensors
+
+def killed_in_write(tensors, path, metadata=None):
+    # what safetensors 0.8 has done when a kill comes: its own temp beside its target, written
+    Path(path).with_name(".tmpRvGNOg").write_bytes(b"half a shard")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+safetensors.torch.save_file = killed_in_write
+with atomic_path(Path(sys.argv[1]) / "shard-00000.safetensors", checksum=True) as tmp:
+    save_safetensors({"x": torch.zeros(4)}, tmp)
+"""
+
+
+def test_a_process_killed_in_a_safetensors_write_leaves_only_its_own_temps(tmp_path):
+    """safetensors writes through a `.tmpXXXXXX` of its own beside the path it is given, a name
+    no cleanup can tell from a live writer's: the shards' writes give it a path inside a folder
+    named like the process's temps, so what a kill leaves goes with them."""
+    killed = subprocess.run([sys.executable, "-c", KILLED_IN_SAFETENSORS, str(tmp_path)], cwd=ROOT)
+    assert killed.returncode == -signal.SIGKILL
+    assert list(tmp_path.iterdir())  # it did leave something
+    remove_stale_temps(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     """Merged samples, the vocabulary, params for all three stages and the reference features

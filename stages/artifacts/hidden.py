@@ -37,9 +37,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from ..runtime.io import atomic_path, checksum_problem, verify_checksum, write_parquet
+from ..runtime.io import (
+    atomic_path,
+    checksum_problem,
+    save_safetensors,
+    verify_checksum,
+    write_parquet,
+)
 from . import merged
 
 FEATURES = ("aux", "last")
@@ -268,7 +273,7 @@ class ShardWriter:
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         start = time.monotonic()
         with atomic_path(path, size, checksum=True) as tmp:
-            save_file(tensors, str(tmp), metadata=metadata)
+            save_safetensors(tensors, tmp, metadata)
             saved = time.monotonic()
         with self._lock:
             self.times.save_s += saved - start

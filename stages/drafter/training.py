@@ -149,7 +149,7 @@ class History:
     tokens: int = 0  # trained on by this run (all ranks) after its warm-up, for its throughput
     seconds: float = 0.0  # spent in those steps (evaluation and saving excluded)
     warmup_seconds: float = 0.0  # spent in this run's first WARMUP_STEPS steps
-    padding: int = 0  # positions of this run's batches (all ranks, all steps) that are padding
+    padding: int = 0  # positions of the run's batches (all ranks, every step so far): padding
     positions: int = 0  # all positions of those batches
 
     def add_step(self, tokens: int, positions: int, seconds: float, warming_up: bool) -> None:
@@ -351,7 +351,9 @@ def train(
         sched.load_state_dict(ckpt["scheduler"])
         state.update(ckpt["state"])
         torch.set_rng_state(ckpt["rng"])
-        history = History(ckpt["history"]["steps"], ckpt["history"]["evals"])
+        # counts a resumed run carries on (a checkpoint from before they were kept has none)
+        counts = {k: ckpt["history"].get(k, 0) for k in ("padding", "positions")}
+        history = History(ckpt["history"]["steps"], ckpt["history"]["evals"], **counts)
         log(
             f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
             f"sample {state['cursor']})"
@@ -439,7 +441,12 @@ def train(
                     "scheduler": sched.state_dict(),
                     "state": dict(state),
                     "rng": torch.get_rng_state(),
-                    "history": {"steps": history.steps, "evals": history.evals},
+                    "history": {
+                        "steps": history.steps,
+                        "evals": history.evals,
+                        "padding": history.padding,
+                        "positions": history.positions,
+                    },
                 },
             )
         clock = time.monotonic()  # evaluation and saving are not training time

@@ -111,6 +111,26 @@ def temp_path(final: Path, pid: int) -> Path:
     return final.with_name(f".{final.name}.tmp-{pid}")
 
 
+def save_safetensors(tensors: dict, tmp: Path, metadata: dict | None = None) -> None:
+    """safetensors' `save_file` to `tmp` (an `atomic_path`), through a folder of this process.
+
+    safetensors (0.8) writes through a temp file of its own (`.tmpXXXXXX`) beside its target and
+    renames it there; a kill -9 in that write would leave it loose in the output folder, under a
+    name no cleanup can tell from a live writer's. Inside a folder named like this process's
+    temps (`.<tmp>.parts.tmp-<pid>`) it goes with them (`remove_stale_temps`).
+    """
+    from safetensors.torch import save_file
+
+    folder = temp_path(tmp.with_name(tmp.name.lstrip(".") + ".parts"), os.getpid())
+    _remove(folder)
+    folder.mkdir()
+    try:
+        save_file(tensors, str(folder / "file"), metadata=metadata)
+        os.replace(folder / "file", tmp)
+    finally:
+        _remove(folder)
+
+
 def _failed(err: BaseException, final: Path, tmp: Path | None, size: int | None):
     """`err` as a WriteFailed when it came from a full disk, a quota, a read-only folder or a
     missing permission (None otherwise). Libraries say so differently: pyarrow and open() with
