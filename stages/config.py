@@ -274,7 +274,7 @@ class TrainParams:
     epochs: float = 1.0
     max_steps: int | None = None  # overrides epochs when set
     batch_size: int = 8  # samples per optimizer step, over all ranks
-    length_window: int = 1  # batches whose samples are grouped by length (1: a plain shuffle)
+    length_window: int = 16  # batches whose samples are grouped by length (1: a plain shuffle)
     max_length: int = 2048
     lr: float = 1e-4
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio

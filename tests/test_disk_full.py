@@ -183,13 +183,12 @@ def test_raw_parts_and_the_generate_report(tmp_path, generated, monkeypatch, cap
 
 
 def test_shards(tmp_path, extracted, monkeypatch, capsys):
-    from stages.artifacts import hidden as hidden_artifact
-
     os.symlink(extracted / "merged", tmp_path / "merged")
     shutil.copy2(extracted / "params.yaml", tmp_path / "params.yaml")
     out = tmp_path / "hidden"
     full = DiskFull(monkeypatch, k=2)
-    full.safetensors(hidden_artifact, r"hidden/\.shard-\d+\.safetensors\.tmp-")
+    # save_safetensors: inside a folder of the process's, beside the shard's temp name
+    full.safetensors(safetensors.torch, r"hidden/\.shard-\d+\.safetensors\.tmp-\d+\.parts\.tmp-")
     code, _, err = run_stage(extract.main, extract_args(tmp_path, "hidden"), monkeypatch, capsys)
     assert code == 1
     assert_one_line_naming(err, out / "shard-00001.safetensors")

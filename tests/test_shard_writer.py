@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+import safetensors.torch
 import torch
 from safetensors.torch import load_file
 
@@ -22,7 +23,7 @@ class SlowSave:
         self.seconds, self.fail = seconds, fail
         self.spans: dict[str, tuple[float, float]] = {}
         self.lock = threading.Lock()
-        self.save = hidden.save_file
+        self.save = safetensors.torch.save_file
 
     def __call__(self, tensors, path, metadata=None):
         start = time.monotonic()
@@ -40,7 +41,7 @@ def shard(k: int) -> dict[str, torch.Tensor]:
 
 def test_writes_run_side_by_side_and_put_waits_for_the_oldest(tmp_path, monkeypatch):
     save = SlowSave(0.3)
-    monkeypatch.setattr(hidden, "save_file", save)
+    monkeypatch.setattr(safetensors.torch, "save_file", save)  # what save_safetensors calls
     puts = []
     with hidden.ShardWriter(workers=2) as writer:
         for k in range(5):
@@ -58,7 +59,7 @@ def test_writes_run_side_by_side_and_put_waits_for_the_oldest(tmp_path, monkeypa
 
 
 def test_a_failed_write_is_raised_at_the_next_put_and_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(hidden, "save_file", SlowSave(0.0, fail="k1"))
+    monkeypatch.setattr(safetensors.torch, "save_file", SlowSave(0.0, fail="k1"))
     with pytest.raises(OSError, match="cannot write"), hidden.ShardWriter(workers=2) as writer:
         for k in range(4):
             writer.put(shard(k), hidden.shard_path(tmp_path, k), {"shard_key": f"k{k}"})

@@ -178,7 +178,7 @@ def batch_order(
     longest), and which lengths come when stays random."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(len(lengths), generator=g).tolist()
-    if window <= 1:
+    if window <= 1 or batch_size <= 1:  # one sample per batch pads nothing
         return order
     grouped, span = [], window * batch_size
     for start in range(0, len(order), span):
