@@ -73,6 +73,7 @@ def run_metrics(
         out[tau_key(t)] = result.get("tau")
     out["extract_tokens_per_s"] = extract.get("tokens_per_s") or None
     out["train_tokens_per_s"] = train.get("tokens_per_s") or None
+    out["train_padding_share"] = train.get("padding_share")
     return out
 
 
