@@ -387,9 +387,10 @@ def train(
         state["step"] += 1
         # a run too short to have steps after its warm-up counts them all
         warming_up = state["step"] - first <= WARMUP_STEPS < s.total_steps - first
-        history.add_step(step_tokens, positions, time.monotonic() - clock, warming_up)
+        seconds = time.monotonic() - clock
+        history.add_step(step_tokens, positions, seconds, warming_up)
         if state["step"] == first + 1:
-            log(f"[train] first step {time.monotonic() - clock:.3f} s (warm-up, not in the rate)")
+            log(f"[train] first step {seconds:.3f} s (warm-up, not in the rate)")
         row = {
             "step": state["step"],
             "loss": round(step_loss, 5),
