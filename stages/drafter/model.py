@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .fp8 import fp8_linear
+from .ttt_mask import padded_length, ttt_block_mask
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ROPE_REQUIRED_KEYS = {  # what each scaling type needs (the engines' fallbacks are guesses)
@@ -560,36 +561,23 @@ def attend(q: Tensor, kv: DraftKV) -> Tensor:
 
 
 def attend_flex(q: Tensor, kv: DraftKV) -> Tensor:
-    """`attend` through flex attention: the prefix and every chain step's keys in one sequence
-    [prefix (T) ; chain 1 (Q) ; ... ; chain C (Q)], with a block mask that lets query q see the
-    prefix up to its position (padding hidden, itself always) and entry q of each chain. Blocks
-    the mask empties are skipped, so the chain costs C diagonal blocks per row of blocks, not
-    C x T. Compiled into one fused kernel on a GPU; plain (materialised) on the CPU, where it
-    serves to check it against the reference."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+    """`attend` through flex attention, for queries that are the prefix positions (query q at
+    position q, as in training): the prefix and every chain step's keys in one sequence, each
+    segment padded to whole blocks, with the block mask of that layout (`ttt_mask`). Blocks the
+    mask empties are skipped, so the chain costs C diagonal blocks per row of blocks, not C x T.
+    Compiled into one fused kernel on a GPU; plain (materialised) on the CPU, where it serves to
+    check it against the reference."""
     B, H, Q, d = q.shape
     T = kv.prefix_k.shape[2]
-    keys = torch.cat([kv.prefix_k, *kv.chain_k], dim=2)
-    values = torch.cat([kv.prefix_v, *kv.chain_v], dim=2)
-    query_index, key_mask = kv.query_index, kv.key_mask
-
-    def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        position = query_index[q_idx]
-        prefix = (kv_idx <= position) & key_mask[b, kv_idx.clamp(max=T - 1)]
-        prefix = (prefix | (kv_idx == position)) & (kv_idx < T)
-        chain = (kv_idx >= T) & ((kv_idx - T) % Q == q_idx)
-        return prefix | chain
-
-    block_mask = create_block_mask(
-        visible,
-        B,
-        None,
-        Q,
-        keys.shape[2],
-        device=str(q.device),
-        _compile=q.is_cuda and not torch.compiler.is_compiling(),
-    )
+    if Q != T:
+        raise ValueError(
+            f"attend_flex: {Q} queries over a {T}-position prefix; it takes one query per "
+            "prefix position (training); use `attend` for a subset of queries"
+        )
+    pad = (0, 0, 0, padded_length(T) - T)
+    keys = F.pad(torch.stack([kv.prefix_k, *kv.chain_k], 2), pad).flatten(2, 3)
+    values = F.pad(torch.stack([kv.prefix_v, *kv.chain_v], 2), pad).flatten(2, 3)
+    block_mask = ttt_block_mask(kv.key_mask, kv.chain_length)
     return _flex_attention(q.is_cuda)(q, keys, values, block_mask=block_mask, enable_gqa=True)
 
 

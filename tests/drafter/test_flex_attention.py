@@ -17,15 +17,17 @@ from .conftest import HIDDEN, make_drafter, tiny_target_config
 
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("chain", [0, 1, 3, 7])
-def test_flex_equals_the_reference(heads, kv_heads, chain):
-    g = torch.Generator().manual_seed(heads * 10 + chain)
-    B, T, d = 2, 45, 16
+@pytest.mark.parametrize("T", [45, 300])  # one block; three, the last one partly padding
+def test_flex_equals_the_reference(heads, kv_heads, chain, T):
+    g = torch.Generator().manual_seed(heads * 10 + chain + T)
+    B, d = 2, 16
 
     def rand(*shape):
         return torch.randn(*shape, generator=g)
 
     mask = torch.ones(B, T, dtype=torch.bool)
     mask[1, 31:] = False  # right padding in the second sample
+    mask[0, : T // 10] = False  # left padding in the first
     kv = DraftKV(
         rand(B, kv_heads, T, d),
         rand(B, kv_heads, T, d),
