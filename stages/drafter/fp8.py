@@ -24,7 +24,9 @@ ROWS_MULTIPLE = 16  # FP8 GEMMs take dimensions in multiples of 16
 def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """x [R, C] -> (q [R, C] e4m3, contiguous; scale [R, 1] float32) with x ~= q * scale."""
     x32 = x.float()
-    scale = x32.abs().amax(-1, keepdim=True).clamp(min=1e-12) / E4M3_MAX
+    # the maximum taken here, not from E4M3_MAX: a module-level float is unspecialised when
+    # traced with dynamic shapes, and dynamo then failed on the second FP8Linear of a graph
+    scale = x32.abs().amax(-1, keepdim=True).clamp(min=1e-12) / torch.finfo(E4M3).max
     return (x32 / scale).to(E4M3).contiguous(), scale
 
 

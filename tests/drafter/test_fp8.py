@@ -74,6 +74,29 @@ def test_padded_rows_change_nothing():
     torch.testing.assert_close(dw_padded, dw)
 
 
+def test_layers_of_fp8_products_compile_with_dynamic_lengths():
+    """Two FP8 layers in a row, compiled with symbolic lengths (as the objective is after its
+    second batch shape) at two lengths: the same output and gradients as eager. With the e4m3
+    maximum read from a module-level float, dynamo (torch 2.11-2.13) failed here, tracing the
+    second layer's Function: `lift_tracked_freevar_to_input should not be called on root
+    SubgraphTracer` (pytorch/pytorch#193194)."""
+    g = torch.Generator().manual_seed(5)
+    w1 = torch.randn(32, 48, generator=g, requires_grad=True)
+    w2 = torch.randn(16, 32, generator=g, requires_grad=True)
+
+    def loss(x):
+        return fp8_linear(fp8_linear(x, w1).float(), w2).float().square().mean()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, dynamic=True, backend="aot_eager")
+    for length in (40, 70):
+        x = torch.randn(2, length, 48, generator=g)
+        got = compiled(x), *torch.autograd.grad(compiled(x), (w1, w2))
+        want = loss(x), *torch.autograd.grad(loss(x), (w1, w2))
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+
+
 def test_the_drafter_switches_every_linear_layer(target_config):
     drafter = make_drafter(target_config)
     widths = drafter.use_fp8(True)
