@@ -4,16 +4,36 @@ fingerprint, and the API key a params key names."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from . import config
 from .cli import StageError, params_key
 from .target.tokenizer import load_tokenizer, model_fingerprint
 from .target.tokens import TokenRoles, learn_roles
 
+TEMPLATES = Path("templates")  # a dep of every stage that reads target.chat_template (dvc.yaml)
+
 
 def target_tokenizer(target: config.TargetParams):
+    if problem := untracked_template(target):
+        print(f"[target] warning: {problem}")
     with params_key("target"):
         return load_tokenizer(target.path, target.chat_template, target.trust_remote_code)
+
+
+def untracked_template(target: config.TargetParams) -> str | None:
+    """Why an edit of the chat template file would rerun no stage, or None. Params hold only
+    its path; dvc.yaml tracks the files under templates/ and the target's directory."""
+    if not target.chat_template:
+        return None
+    template = Path(target.chat_template).resolve()
+    if any(template.is_relative_to(d.resolve()) for d in (TEMPLATES, Path(target.path))):
+        return None
+    return (
+        f"target.chat_template {target.chat_template} is outside {TEMPLATES}/ and the target's "
+        f"directory, so DVC does not track its contents: editing it reruns nothing. Keep it in "
+        f"{TEMPLATES}/ (a dep of the stages that render prompts)"
+    )
 
 
 def target_roles(target: config.TargetParams, tokenizer) -> TokenRoles:

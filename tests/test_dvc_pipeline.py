@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from tests.project import copy_project, ran_stages, set_params, sh
+from tests.project import ROOT, copy_project, ran_stages, set_params, sh
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow, pytest.mark.integration]
 
@@ -83,3 +83,22 @@ def test_settings_that_shape_no_output_rerun_nothing_and_code_deps_do(repo):
     names = yaml.safe_load((repo / "params.yaml").read_text())["datasets"]
     assert {f"prep@{n}" for n in names} | {f"generate@{n}" for n in names} <= changed, changed
     assert not {"merge", "quality"} & changed, changed  # they ran, and do not import it
+
+
+def test_an_edit_to_a_chat_template_in_templates_reruns_the_stages_that_render_prompts(repo):
+    """Params name the template file only by its path; the folder it is kept in is a dep of
+    prep and generate, so an edit of the file itself (here a Jinja comment) reruns them."""
+    template = repo / "templates" / "chat.jinja"
+    template.write_text((ROOT / "stages" / "demo" / "chat_template.jinja").read_text())
+    set_params(repo, lambda p: p["target"].update(chat_template="templates/chat.jinja"))
+    sh(["dvc", "repro", "merge", "quality"], repo)
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "with a template file"], repo)
+    status = ["dvc", "status", "--json", "--with-deps", "merge", "quality"]
+    assert json.loads(sh(status, repo).stdout) == {}
+
+    template.write_text(template.read_text() + "{# edited #}\n")
+    changed = set(json.loads(sh(status, repo).stdout))
+    names = yaml.safe_load((repo / "params.yaml").read_text())["datasets"]
+    assert {f"prep@{n}" for n in names} | {f"generate@{n}" for n in names} <= changed, changed
+    assert not {"merge", "quality"} & changed, changed

@@ -1,4 +1,5 @@
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -75,6 +76,23 @@ def run_prep(tmp_path, params, monkeypatch, capsys):
         monkeypatch,
         capsys,
     )
+
+
+@pytest.mark.shared(STORIES_REL)
+def test_a_template_file_dvc_does_not_track_is_named(tmp_path, monkeypatch, capsys):
+    """Params hold the template file's path only: one outside templates/ (and the target's
+    directory) gets a warning that an edit of it reruns nothing; one in templates/ does not."""
+    params = project(tmp_path, [conversation(0)])
+    code, out, err = run_prep(tmp_path, params, monkeypatch, capsys)
+    assert code == 0, err
+    assert f"[target] warning: target.chat_template {TEMPLATE} is outside templates/" in out, out
+    (tmp_path / "templates").mkdir()
+    shutil.copy(ROOT / TEMPLATE, tmp_path / "templates" / "chat.jinja")
+    monkeypatch.chdir(tmp_path)
+    set_params(tmp_path, lambda p: p["target"].update(chat_template="templates/chat.jinja"))
+    code, out, err = run_prep(tmp_path, params, monkeypatch, capsys)
+    assert code == 0, err
+    assert "warning" not in out, out
 
 
 @pytest.mark.shared(STORIES_REL)
