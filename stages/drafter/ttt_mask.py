@@ -57,7 +57,8 @@ def ttt_block_mask(key_mask: Tensor, chains: int):
     total = (1 + chains) * n
     device = key_mask.device
     whole = F.pad(key_mask.bool(), (0, n * BLOCK - length)).view(batch, n, BLOCK).all(-1)
-    # leading whole blocks: the first block that is not whole (a False sentinel ends every row)
+    # the count of leading whole blocks: the index of the first block that is not (a sentinel
+    # not-whole block ends every row)
     leading = F.pad(~whole, (0, 1), value=True).int().argmax(-1, keepdim=True)  # [B, 1]
 
     rows = torch.arange(n, device=device)  # query blocks
