@@ -53,7 +53,7 @@ def ttt_block_mask(key_mask: Tensor, chains: int):
     from torch.nn.attention.flex_attention import BlockMask
 
     batch, length = key_mask.shape
-    n = -(-length // BLOCK)  # blocks per segment (and query blocks)
+    n = padded_length(length) // BLOCK  # blocks per segment (and query blocks)
     total = (1 + chains) * n
     device = key_mask.device
     whole = F.pad(key_mask.bool(), (0, n * BLOCK - length)).view(batch, n, BLOCK).all(-1)

@@ -297,7 +297,7 @@ def remove_with_checksum(path: Path) -> None:
     _remove(path)
 
 
-_TEMP = re.compile(r"^\..+\.tmp-(\d+)$")
+TEMP_NAME = re.compile(r"^\..+\.tmp-(\d+)$")  # `.<name>.tmp-<pid>`: `temp_path`'s names
 
 
 def remove_stale_temps(directory: Path | str) -> list[Path]:
@@ -315,7 +315,7 @@ def remove_stale_temps(directory: Path | str) -> list[Path]:
     stale = [
         p
         for p in directory.glob(".*.tmp-*")
-        if (m := _TEMP.match(p.name)) and not _running(int(m.group(1)))
+        if (m := TEMP_NAME.match(p.name)) and not _running(int(m.group(1)))
     ]
     completed = [p for p in stale if _complete_checksum(p)]
     stale = [p for p in stale if p not in completed]
@@ -347,7 +347,7 @@ def remove_stale_temps(directory: Path | str) -> list[Path]:
 def _complete_checksum(temp: Path) -> bool:
     """Move a dead writer's recorded checksum (`.<file>.sha256.json.tmp-<pid>`) into place when
     it describes the file now there (it was killed after renaming the file); True if moved."""
-    m = _TEMP.match(temp.name)
+    m = TEMP_NAME.match(temp.name)
     name = temp.name[1 : temp.name.rindex(".tmp-")] if m else ""
     if not name.endswith(CHECKSUM_SUFFIX) or not temp.is_file():
         return False

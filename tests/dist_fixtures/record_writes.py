@@ -10,7 +10,6 @@ joined the process group goes to RECORD_DIR/env-<r>.json.
 
 import json
 import os
-import re
 import runpy
 import shutil
 import sys
@@ -18,10 +17,11 @@ from pathlib import Path
 
 import torch.distributed
 
+from stages.runtime.io import TEMP_NAME
+
 RECORD_DIR = Path(os.environ["RECORD_DIR"])
 RECORD_ROOT = Path(os.environ["RECORD_ROOT"]).resolve()
 RANK = os.environ.get("RANK", "0")
-TEMP = re.compile(r"^\..+\.tmp-\d+$")
 replace = os.replace
 init_process_group = torch.distributed.init_process_group
 written = []
@@ -32,7 +32,7 @@ def recording_replace(src, dst, **kwargs):
     dst = Path(dst).resolve()
     # a move onto a temp name (`.<name>.tmp-<pid>`: a safetensors file out of its folder) is not
     # a completed file; the rename of that temp into place comes next
-    if dst.is_file() and dst.is_relative_to(RECORD_ROOT) and not TEMP.match(dst.name):
+    if dst.is_file() and dst.is_relative_to(RECORD_ROOT) and not TEMP_NAME.match(dst.name):
         written.append(dst)
         shutil.copyfile(dst, RECORD_DIR / f"{RANK}-{len(written)}-{dst.name}")
         with open(RECORD_DIR / f"writes-{RANK}.tsv", "a") as log:
