@@ -32,17 +32,23 @@ def padded_length(length: int) -> int:
     return -(-length // BLOCK) * BLOCK
 
 
-def visible_fn(key_mask: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+def visible_fn(key_mask: Tensor, chains: int) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
     """The element mask of the layout: query q sees prefix key k <= q when k is not padding
-    (and itself always, as `attend` does), and entry q of every chain segment."""
+    (and itself always, as `attend` does), and entry q of every chain segment.
+
+    The mask reads lookup tensors only, never a captured length: traced with dynamic lengths, a
+    captured integer is symbolic, and inductor's flex lowering cannot take it as a mask input
+    (torch 2.11 on a GPU: `'ShapeAsConstantBuffer' object has no attribute 'dtype'`)."""
     length = key_mask.shape[1]
     span = padded_length(length)
+    slots = torch.arange((1 + chains) * span, device=key_mask.device)
+    position = slots % span  # a key's position within its segment
+    # [B, keys]: an unpadded prefix key (False for chain keys and for the padding past the prefix)
+    open_prefix = F.pad(key_mask.bool(), (0, len(slots) - length))
 
     def visible(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        segment, key = kv_idx // span, kv_idx % span
-        unpadded = key_mask[b, key.clamp(max=length - 1)]
-        prefix = (segment == 0) & (key < length) & (((key <= q_idx) & unpadded) | (key == q_idx))
-        return prefix | ((segment > 0) & (key == q_idx))
+        key = position[kv_idx]
+        return (key == q_idx) | ((key <= q_idx) & open_prefix[b, kv_idx])
 
     return visible
 
@@ -96,5 +102,5 @@ def ttt_block_mask(key_mask: Tensor, chains: int):
         full_q_num_blocks=blocks(full_q_num),
         full_q_indices=blocks(full_q_indices),
         BLOCK_SIZE=(BLOCK, BLOCK),
-        mask_mod=visible_fn(key_mask),
+        mask_mod=visible_fn(key_mask, chains),
     )

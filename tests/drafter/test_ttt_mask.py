@@ -116,3 +116,40 @@ def test_it_traces_with_dynamic_lengths():
         key_mask = MASKS["right padding"](length)[None].repeat(2, 1)
         for got, want in zip(compiled(key_mask), lists(key_mask), strict=True):
             assert torch.equal(got, want)
+
+
+def test_the_mask_captures_no_length_expression_under_dynamic_lengths():
+    """Traced with symbolic lengths, what the element mask reads must be tensors or bare size
+    symbols: a captured expression (a padded length, `length - 1`) reaches inductor's flex
+    lowering as a constant buffer it cannot realise (on an H200, torch 2.11: the objective's
+    recompile for a second length failed with `'ShapeAsConstantBuffer' object has no attribute
+    'dtype'`). The CPU has no compiled flex backward to show it, so this reads the traced graph."""
+    import sympy
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.reset()
+    captured = []
+
+    def record(gm, inputs):
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and "flex_attention" in str(node.target):
+                captured.extend(arg.meta["example_value"] for arg in node.args[-1])
+        return gm
+
+    def attention(q, k, key_mask):
+        pad = (0, 0, 0, padded_length(q.shape[2]) - q.shape[2])
+        keys = F.pad(torch.stack([k, k], 2), pad).flatten(2, 3)
+        return flex_attention(q, keys, keys, block_mask=ttt_block_mask(key_mask, 1))
+
+    compiled = torch.compile(attention, dynamic=True, backend=record)
+    for length in (200, 300):
+        q, k = torch.randn(2, 1, 2, length, 16)
+        compiled(q, k, MASKS["right padding"](length)[None])
+    tensors = [v for v in captured if isinstance(v, torch.Tensor)]
+    assert any(isinstance(size, torch.SymInt) for t in tensors for size in t.shape), (
+        "the mask's tensors were not traced with symbolic lengths"
+    )
+    for value in captured:
+        if isinstance(value, torch.SymInt):
+            assert isinstance(value.node.expr, sympy.Symbol), f"the mask captures {value}"
