@@ -98,11 +98,24 @@ def test_bench_train_fp8_curve_trains_both_and_prints_both_curves(capsys):
 
 
 @pytest.mark.slow
-def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys):
-    """--compile times the objective as train.compile runs it; --check (the eager fast path
-    against float32) comes after the timings, so its kernels cannot push the timed ones past the
-    recompile limit."""
-    bench_train.main(TINY[:4] + ["--batches", "1x32", "--ttt-steps", "2", "--compile", "--check"])
+def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys, monkeypatch):
+    """--compile times the objective as train.compile runs it; --check then runs that compiled
+    graph against float32 (after the timings, and compiling nothing: the float32 reference runs
+    eager), so its kernels cannot push the timed ones past the recompile limit."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    calls, compile_objective = [], bench_train.compiled_objective
+
+    def counted(model):
+        compiled = compile_objective(model)
+        return lambda batch: calls.append(len(batch["input_ids"])) or compiled(batch)
+
+    monkeypatch.setattr(bench_train, "compiled_objective", counted)
+    bench_train.main(TINY[:4] + ["--batches", "1x32", "--ttt-steps", "2", "--compile", "--check"]
+                     + ["--warmup", "2", "--repeat", "3"])  # fmt: skip
     out = capsys.readouterr().out
     rows = printed_table(out.split("1x32 fast path")[0], "batch")
     assert [(r["batch"], r["dtype"]) for r in rows] == [("1", "fp32 compiled")]
@@ -112,6 +125,8 @@ def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys
     check = re.search(r"1x32 fast path vs float32 reference: loss rel diff ([0-9.e+-]+),", out)
     assert check and float(check[1]) < 1e-5, out
     assert out.index("tokens/s") < out.index("fast path vs float32")
+    assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])  # the timed graph only
+    assert len(calls) == 1 + 1 + 3 + 1, calls  # first step, the other warm-up, timed, the check
 
 
 @pytest.mark.slow
