@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+import yaml
 
 from stages.artifacts import hidden
 from tests.perf import (
@@ -201,10 +202,13 @@ def test_forward_flops_counts_layer_weights_and_causal_attention():
 
 def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, monkeypatch):
     """The real extract, train and export at a tiny DeepSeek-V3 shape; a row whose training runs
-    out of GPU memory prints OOM, exports the untrained drafter, and the next row still runs."""
+    out of GPU memory prints OOM, exports the untrained drafter, and the next row still runs.
+    --compile reaches the stage's params (the CPU then runs eager, as the stage does)."""
     real_train = bench_kimi_width.run_train
+    compiles = []
 
     def run_train(work, params, vocab, hidden):
+        compiles.append(yaml.safe_load(params.read_text())["train"]["compile"])
         if work.name == "T32":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
         return real_train(work, params, vocab, hidden)
@@ -212,9 +216,10 @@ def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, 
     monkeypatch.setattr(bench_kimi_width, "run_train", run_train)
     args = ["--shape", "tiny", "--device", "cpu", "--lengths", "32", "48"]
     args += ["--samples", "1", "--train-steps", "1", "--ttt-steps", "2", "--warmup", "0"]
-    args += ["--repeat", "1"]
+    args += ["--repeat", "1", "--compile"]
     args += ["--work", str(tmp_path / "work"), "--json-out", str(tmp_path / "kimi.json")]
     bench_kimi_width.main(args)
+    assert compiles == [True, True]
     rows = printed_table(capsys.readouterr().out, "length")
     assert [(r["length"], r["stage tok/s"], r["export"]) for r in rows] == [
         ("32", "OOM", "pass (untrained)"),

@@ -7,7 +7,8 @@ experts as one GPU holds.
     python -m tests.perf.bench_kimi_width [--shape kimi-k2.5|tiny] [--device auto|cpu|cuda]
         [--layers 6] [--experts 16] [--experts-per-token 8] [--lengths 4096 8192]
         [--intermediate 18432] [--train-steps 6] [--warmup 2] [--repeat 5]
-        [--stores all supervised none] [--work /tmp/kimi-width] [--json-out FILE]
+        [--stores all supervised none] [--compile] [--fp8] [--work /tmp/kimi-width]
+        [--json-out FILE]
 
 The target is built in bf16 directly on the GPU (HF's initialisation, std 0.02) and saved as a
 sharded safetensors checkpoint under --work (kept and reused while its config is the same), so
@@ -25,10 +26,12 @@ feature store of --stores (`extract.store`; default all), at batch 1:
     Eagle3Config.from_target derives: hidden 7168, 64 heads, head_dim 128, MLP --intermediate),
     one evaluation at the end, a checkpoint (the drafter in fp32 and its AdamW state, about
     14 GB at these widths): `stage tok/s` is the stage's own figure (training steps only, after
-    the first 3, which compile flex attention and the loss and are timed apart) and `stage peak
-    GiB` its peak GPU memory. Then the same step (`training_step`, the drafter built as the
-    stage builds it) on the first extracted sample, timed as bench_train times it: `train
-    tok/s` and `ms/step`, the median of --repeat steps after --warmup, and `train peak GiB`.
+    the first 3, which compile flex attention and the loss and are timed apart; --compile and
+    --fp8 set `train.compile` and `train.fp8`, and those 3 steps then compile the objective)
+    and `stage peak GiB` its peak GPU memory. Then the same step (`training_step`, the drafter
+    built as the stage builds it) on the first extracted sample, timed as bench_train times it:
+    `train tok/s` and `ms/step`, the median of --repeat steps after --warmup, and `train peak
+    GiB`.
     With store `none` (online) the stage loads the target beside the drafter and runs it on
     every batch, and the timed step includes that forward (`stages.train.online_features`);
 (c) export: the train stage exports the best checkpoint for SGLang 0.5.16 (`export_drafter`) and
@@ -69,6 +72,7 @@ from stages.drafter.training import (
     Objective,
     adamw,
     autocast_for,
+    compiled_objective,
     feature_dtype,
     training_step,
 )
@@ -203,6 +207,8 @@ def write_params(path: Path, args, target: Path, device: torch.device, length: i
             "eval_max_samples": 1,
             "checkpoint_every": args.train_steps,
             "device": str(device),
+            "compile": args.compile,
+            "fp8": args.fp8,
             "draft": draft,
             "sglang_version": SGLANG_VERSION,
         },
@@ -227,8 +233,9 @@ def time_train_step(
     params: Path, vocab: Path, hidden: Path, target: Path, device: torch.device, args
 ) -> dict:
     """The train stage's step (`training_step`: TTT forward, backward, clip, AdamW) on the first
-    extracted train sample, built as the stage builds it, timed as bench_train times it: the
-    median of --repeat steps after --warmup, so compilation and start-up stay out of the rate.
+    extracted train sample, built as the stage builds it (compiled, with FP8 products, as its
+    params say), timed as bench_train times it: the median of --repeat steps after --warmup, so
+    compilation and start-up stay out of the rate.
     Online (store none) each step first runs the target on the batch, as the stage does."""
     p = config.section(config.TrainParams, "train", params)
     meta = json.loads((hidden / "meta.json").read_text())
@@ -244,6 +251,8 @@ def time_train_step(
     embed, head = embedding_and_head(target)
     objective = Objective(drafter, embed, head, p.ttt_steps, p.decay).place(device)
     del embed, head
+    drafter.use_fp8(p.fp8)
+    model = compiled_objective(objective) if p.compile and device.type == "cuda" else objective
     weights = [q for q in drafter.parameters() if q.requires_grad]
     opt = adamw(weights, p.lr, p.weight_decay, device)
     autocast = autocast_for(device)
@@ -252,7 +261,7 @@ def time_train_step(
     tokens = int(batch["attention_mask"].sum())
     reset_peak_memory(device)
     seconds = median_seconds(
-        lambda: training_step(objective, features(batch), weights, opt, p.grad_clip, autocast),
+        lambda: training_step(model, features(batch), weights, opt, p.grad_clip, autocast),
         device,
         args.warmup,
         args.repeat,
@@ -457,6 +466,10 @@ def main(argv: list[str] | None = None) -> dict:
         help="extract.store of each row: all, supervised (what the loss reads), none (online: "
         "the train stage runs the target)",
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="train.compile (on a GPU; the CPU runs eager)"
+    )
+    parser.add_argument("--fp8", action="store_true", help="train.fp8 (with --compile, a GPU)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/kimi-width"))
     parser.add_argument(
         "--keep", action="store_true", help="keep each row's features and checkpoints"
@@ -473,6 +486,8 @@ def main(argv: list[str] | None = None) -> dict:
     args.draft_vocab = args.draft_vocab or DRAFT_VOCAB[args.shape]
     if args.layers < 5:
         parser.error("--layers: at least 5 (three ascending aux indices from 2 to N-1)")
+    if args.fp8 and not args.compile:
+        parser.error("--fp8 runs compiled only (train.fp8 needs train.compile): add --compile")
     if args.train_steps < 1 or args.samples < 1:
         parser.error("--train-steps and --samples must be at least 1")
 
@@ -503,6 +518,8 @@ def main(argv: list[str] | None = None) -> dict:
             "steps": args.train_steps,
             "draft_vocab": args.draft_vocab,
             "intermediate": args.intermediate or facts.intermediate_size,
+            "compile": args.compile,
+            "fp8": args.fp8,
             "sglang_version": SGLANG_VERSION,
         },
         "rows": [],
