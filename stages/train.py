@@ -275,6 +275,7 @@ def _train(
             "tokens_per_s": round(history.tokens_per_s, 1),
             "warmup_s": round(history.warmup_seconds, 1),
             "padding_share": round(history.padding_share, 4),
+            "compile_failed_at_step": history.compile_failed_at,
         }
         write_json(metrics, report)
         write_csv(history.steps, plots / "train_loss.csv")

@@ -197,6 +197,42 @@ def test_training_resumes_exactly(hidden, tmp_path):
     assert all(1 <= e["replayed_tau"] <= 4 for e in history.evals)  # chain of 3 drafts
 
 
+def test_a_failed_compile_goes_on_eager_with_the_same_steps(hidden, tmp_path, monkeypatch):
+    """A compilation that fails mid-run (here the recompile for the second batch shape) does not
+    end the run: it goes on eager from that step, with the losses an eager run has, and says at
+    which step in its log and its report."""
+    from stages.drafter import training
+
+    _, h, _ = hidden
+    train_set, eval_set = HiddenStates(h, "train"), HiddenStates(h, "eval")
+    cpu, quiet = torch.device("cpu"), lambda _: None
+    eager = train(objective(h), train_set, eval_set, settings(4), tmp_path / "e", cpu, log=quiet)
+    assert eager.compile_failed_at is None
+    graphs = []
+
+    def backend(gm, _inputs):
+        graphs.append(gm)
+        if len(graphs) > 1:
+            raise RuntimeError("no kernel for this shape")
+        return gm
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(training, "compiles", lambda s, device: True)
+    monkeypatch.setattr(training, "compiled_objective", lambda m: torch.compile(m, backend=backend))
+    logs: list[str] = []
+    compiled = dataclasses.replace(settings(4), compile=True)
+    history = train(
+        objective(h), train_set, eval_set, compiled, tmp_path / "compiled", cpu, log=logs.append
+    )
+    assert len(graphs) == 2 and history.compile_failed_at in (2, 3, 4), history.compile_failed_at
+    failed = [line for line in logs if "compiling the objective failed" in line]
+    assert len(failed) == 1 and "no kernel for this shape" in failed[0], logs
+    assert failed[0].startswith(f"[train] step {history.compile_failed_at}:")
+    assert [r["loss"] for r in history.steps] == pytest.approx(
+        [r["loss"] for r in eager.steps], rel=1e-5
+    )
+
+
 def test_evaluation_replays_every_turn_and_adds_up_over_batches(hidden):
     _, h, _ = hidden
     eval_set, cpu = HiddenStates(h, "eval"), torch.device("cpu")

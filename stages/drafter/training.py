@@ -151,6 +151,7 @@ class History:
     warmup_seconds: float = 0.0  # spent in this run's first WARMUP_STEPS steps
     padding: int = 0  # positions of the run's batches (all ranks, every step so far): padding
     positions: int = 0  # all positions of those batches
+    compile_failed_at: int | None = None  # this run's step whose compilation failed (then eager)
 
     def add_step(self, tokens: int, positions: int, seconds: float, warming_up: bool) -> None:
         self.padding, self.positions = self.padding + positions - tokens, self.positions + positions
@@ -270,6 +271,20 @@ def adamw(params: list, lr: float, weight_decay: float, device: torch.device):
     )
 
 
+def root_cause(err: BaseException) -> str:
+    """The innermost error under a compilation failure (dynamo wraps its backend's as
+    `inner_exception`, without a __cause__), as "Type: first line of its message"."""
+    while (inner := getattr(err, "inner_exception", None) or err.__cause__) is not None:
+        err = inner
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
+
+
+def compiles(s: LoopSettings, device: torch.device) -> bool:
+    """Whether the training steps run compiled: `compile` on a GPU (the CPU runs eager)."""
+    return s.compile and device.type == "cuda"
+
+
 def compiled_objective(model: nn.Module) -> Callable[[dict], tuple[torch.Tensor, TTTMetrics]]:
     """The objective (or its DDP wrapper) compiled as one graph: the TTT unroll, the loss and the
     metrics, forward and backward. Eager, a step launches some 1,500 kernels and the GPU idles
@@ -332,7 +347,7 @@ def train(
             "fp8: runs compiled only (set compile: true): eager, its quantisation ran as separate "
             "kernels and the step took 231 ms against bf16's 95 ms (1x2048, one H200)"
         )
-    compiling = s.compile and device.type == "cuda"
+    compiling = compiles(s, device)
     step_model = compiled_objective(model) if compiling else model
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = adamw(params, s.lr, s.weight_decay, device)
@@ -377,9 +392,24 @@ def train(
     for state["epoch"], state["cursor"], batch in stream:
         batch = on_device(batch, device, features)
         drafter.use_fp8(s.fp8)  # training steps only: evaluation drafts as serving does
-        loss, metrics, grad_norm = training_step(
-            step_model, batch, params, opt, s.grad_clip, autocast
-        )
+        try:
+            loss, metrics, grad_norm = training_step(
+                step_model, batch, params, opt, s.grad_clip, autocast
+            )
+        except torch._dynamo.exc.TorchDynamoException as err:
+            if step_model is model:
+                raise
+            # a recompile for a new batch shape can fail hours into a run: it goes on eager
+            # (slower, the same arithmetic) rather than dying at that batch on every resume
+            log(
+                f"[train] step {state['step'] + 1}: compiling the objective failed "
+                f"({root_cause(err)}); the run goes on eager"
+            )
+            history.compile_failed_at, step_model = state["step"] + 1, model
+            opt.zero_grad(set_to_none=True)  # a backward that failed may have left some
+            loss, metrics, grad_norm = training_step(
+                step_model, batch, params, opt, s.grad_clip, autocast
+            )
         drafter.use_fp8(False)
         sched.step()
         metrics = summed(metrics, rank, device)
