@@ -258,6 +258,7 @@ def test_train_under_torchrun_matches_one_process(runs):
     assert one.pop("warmup_s") >= 0 and many.pop("warmup_s") >= 0
     # each rank pads its share of a batch to that share's longest sample: never more padding
     assert 0 <= many.pop("padding_share") <= one.pop("padding_share")
+    assert one.pop("compile_failed_at_step") is many.pop("compile_failed_at_step") is None
     assert many == pytest.approx(one, rel=1e-4)
     output, record = runs[f"train-{WORLD}"]
     assert output.count("[train] eval step 2") == 1  # one rank reports
