@@ -280,9 +280,9 @@ def root_cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
 
 
-def compiles(s: LoopSettings, device: torch.device) -> bool:
-    """Whether the training steps run compiled: `compile` on a GPU (the CPU runs eager)."""
-    return s.compile and device.type == "cuda"
+def compiles(compile: bool, device: torch.device) -> bool:
+    """Whether the training steps run compiled: `train.compile` on a GPU (the CPU runs eager)."""
+    return compile and device.type == "cuda"
 
 
 def compiled_objective(model: nn.Module) -> Callable[[dict], tuple[torch.Tensor, TTTMetrics]]:
@@ -347,7 +347,7 @@ def train(
             "fp8: runs compiled only (set compile: true): eager, its quantisation ran as separate "
             "kernels and the step took 231 ms against bf16's 95 ms (1x2048, one H200)"
         )
-    compiling = compiles(s, device)
+    compiling = compiles(s.compile, device)
     step_model = compiled_objective(model) if compiling else model
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = adamw(params, s.lr, s.weight_decay, device)

@@ -73,6 +73,7 @@ from stages.drafter.training import (
     adamw,
     autocast_for,
     compiled_objective,
+    compiles,
     feature_dtype,
     training_step,
 )
@@ -252,7 +253,7 @@ def time_train_step(
     objective = Objective(drafter, embed, head, p.ttt_steps, p.decay).place(device)
     del embed, head
     drafter.use_fp8(p.fp8)
-    model = compiled_objective(objective) if p.compile and device.type == "cuda" else objective
+    model = compiled_objective(objective) if compiles(p.compile, device) else objective
     weights = [q for q in drafter.parameters() if q.requires_grad]
     opt = adamw(weights, p.lr, p.weight_decay, device)
     autocast = autocast_for(device)
