@@ -311,7 +311,7 @@ def compare_with_reference(
             "reference",
             lambda: torch.autocast(batch["aux"].device.type, enabled=False),
         ),
-        "fast": (fast or objective, "auto", autocast_for(batch["aux"].device)),
+        "fast": (objective if fast is None else fast, "auto", autocast_for(batch["aux"].device)),
     }
     results = {}
     for name, (model, impl, autocast) in paths.items():
