@@ -245,7 +245,7 @@ class ExtractParams:
     shard_tokens: int = 65536  # tokens per safetensors shard (the unit of resume)
     batch_tokens: int = 16384  # tokens per forward, samples packed in order (hf engine)
     compile: bool = False  # torch.compile each decoder layer (hf; one graph for every length)
-    writers: int = 3  # threads writing shards (serialise, fsync, sha256); buffers: writers + 2
+    writers: int = 3  # threads writing shards (write + sha256, fsync); buffers: writers + 2
     dtype: Literal["bfloat16", "float32"] = "bfloat16"  # storage dtype of the features
     splits: list[str] = field(default_factory=lambda: ["train", "eval"])
     # all: every row's features; supervised: only what the loss reads (rows up to each sample's

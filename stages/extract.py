@@ -15,7 +15,7 @@ extract.sglang.tp_size), every rank runs every forward and rank 0 alone writes. 
 the storage, the host buffers, and the hours projected from one timed batch.
 
 The loop keeps the device busy: features are copied out while the next forwards run, and
-`extract.writers` threads serialise, fsync and hash shards beside it (ShardCapture,
+`extract.writers` threads write, hash and fsync shards beside it (ShardCapture,
 ShardWriter). reports/extract.json's tokens_per_s is that loop's, after the warm-up
 (`warmup_s`: the first forwards, compilation with extract.compile); `time` says where it went.
 """
@@ -258,6 +258,8 @@ def _extract(
                 tensors = hidden.shard_tensors(features, rows, params.store)
                 writer.put(tensors, hidden.shard_path(out_dir, k), {"shard_key": keys[k]})
                 progress.update(len(rows), int(tensors["input_ids"].numel()))
+        landed = time.monotonic()
+    last_writes_s = time.monotonic() - landed
     _barrier(world)
     seconds = time.monotonic() - clock  # the slowest rank's time: what the run waited for
     samples = sum(len(shard) for shard in plan)
@@ -274,7 +276,7 @@ def _extract(
         "extracted_tokens": left,
         "tokens_per_s": round(left / seconds, 1) if left else 0.0,
         "warmup_s": round(warmup_s, 3),  # rank 0's: the first forwards, compilation included
-        "time": _time_report(seconds, buffers_s, capturing.times, writer.times),
+        "time": _time_report(seconds, buffers_s, last_writes_s, capturing.times, writer.times),
     }
 
 
@@ -317,13 +319,24 @@ def config_only_facts(
 
 
 def _time_report(
-    seconds: float, buffers_s: float, capture: CaptureTimes, writes: WriteTimes
+    seconds: float,
+    buffers_s: float,
+    last_writes_s: float,
+    capture: CaptureTimes,
+    writes: WriteTimes,
 ) -> dict:
     """Where rank 0's time went, in seconds: allocating the host buffers, then the extraction loop
     (tokens_per_s's): the device's forwards and copies out, the host waiting for copies to land
-    and for a free writer, and the writers' own busy time (summed over the threads, beside the
-    loop)."""
-    times = {"buffers_s": buffers_s, "loop_s": seconds, **asdict(capture), **asdict(writes)}
+    and for a free writer, the writes still running once the last features landed (the loop's
+    end, about one shard's write whatever the run's length), and the writers' own busy time
+    (summed over the threads, beside the loop)."""
+    times = {
+        "buffers_s": buffers_s,
+        "loop_s": seconds,
+        "last_writes_s": last_writes_s,
+        **asdict(capture),
+        **asdict(writes),
+    }
     return {k: round(v, 3) for k, v in times.items()}
 
 

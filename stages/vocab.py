@@ -55,8 +55,11 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
     d2t, t2d, used = build_draft_vocab(counts, vocab.draft_vocab_size)
     total = int(counts.sum())
     covered = int(counts[t2d].sum())
-    with atomic_path(out, (d2t.numel() + counts.numel()) * 8 + t2d.numel()) as tmp:
-        save_safetensors({"d2t": d2t, "t2d": t2d, "counts": counts}, tmp)
+    with (
+        atomic_path(out, (d2t.numel() + counts.numel()) * 8 + t2d.numel()) as tmp,
+        open(tmp, "wb") as f,
+    ):
+        save_safetensors({"d2t": d2t, "t2d": t2d, "counts": counts}, f)
     metrics = {
         "draft_vocab_size": vocab.draft_vocab_size,
         "target_vocab_size": vocab_size,

@@ -75,7 +75,9 @@ def test_a_checksum_recorded_by_a_killed_writer_is_put_in_place(tmp_path):
     good, stale = tmp_path / "good.parquet", tmp_path / "stale.parquet"
     for path in (good, stale):
         path.write_bytes(os.urandom(100))
-        sums = io.write_checksum(path, path)  # as atomic_path does, before its renames
+        sums = io.write_checksum(
+            path, path, io.file_sha256(path)
+        )  # as atomic_path does, before its renames
         os.replace(sums, io.temp_path(io.checksum_path(path), 999_999_999))  # a dead pid
     stale.write_bytes(os.urandom(100))  # the kill came before this file's rename
     io.remove_stale_temps(tmp_path)

@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 
 from stages import extract, generate, train
+from stages.artifacts import hidden
 from stages.artifacts.raw import read_raw
 from stages.runtime import io
 from tests.conftest import ROOT
@@ -93,6 +94,18 @@ class DiskFull:
                 )
 
         self.monkeypatch.setattr(module, "save_file", save_file)
+
+    def tensor_files(self, module, match: str):
+        """The project's own safetensors writer (save_safetensors, into an atomic_file)."""
+        real = module.save_safetensors
+
+        def save_safetensors(tensors, out, metadata=None):
+            if self.hit(out.out.name, match):
+                out.write(b"half a shard")
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(tensors, out, metadata)
+
+        self.monkeypatch.setattr(module, "save_safetensors", save_safetensors)
 
     def torch_save(self, match: str):
         real, usage = torch.save, shutil.disk_usage
@@ -187,8 +200,7 @@ def test_shards(tmp_path, extracted, monkeypatch, capsys):
     shutil.copy2(extracted / "params.yaml", tmp_path / "params.yaml")
     out = tmp_path / "hidden"
     full = DiskFull(monkeypatch, k=2)
-    # save_safetensors: inside a folder of the process's, beside the shard's temp name
-    full.safetensors(safetensors.torch, r"hidden/\.shard-\d+\.safetensors\.tmp-\d+\.parts\.tmp-")
+    full.tensor_files(hidden, r"hidden/\.shard-\d+\.safetensors\.tmp-\d+$")
     code, _, err = run_stage(extract.main, extract_args(tmp_path, "hidden"), monkeypatch, capsys)
     assert code == 1
     assert_one_line_naming(err, out / "shard-00001.safetensors")

@@ -138,30 +138,37 @@ def test_remove_stale_temps_keeps_a_running_writers(tmp_path):
     assert remove_stale_temps(tmp_path / "missing") == []
 
 
-KILLED_IN_SAFETENSORS = """
+KILLED_IN_A_SHARD_WRITE = """
 import os, signal, sys, torch
 from pathlib import Path
-import safetensors.torch
-from stages.runtime.io import atomic_path, save_safetensors
+from stages.runtime import io
 
-def killed_in_write(tensors, path, metadata=None):
-    # what safetensors 0.8 has done when a kill comes: its own temp beside its target, written
-    Path(path).with_name(".tmpRvGNOg").write_bytes(b"half a shard")
-    os.kill(os.getpid(), signal.SIGKILL)
+class KilledMidway:  # the shard's file, as a kill -9 finds it: a header and some data written
+    def __init__(self, out):
+        self.out, self.writes = out, 0
+    def write(self, data):
+        self.writes += 1
+        if self.writes == 4:
+            self.out.out.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.out.write(data)
 
-safetensors.torch.save_file = killed_in_write
-with atomic_path(Path(sys.argv[1]) / "shard-00000.safetensors", checksum=True) as tmp:
-    save_safetensors({"x": torch.zeros(4)}, tmp)
+io.WRITE_CHUNK = 16
+with io.atomic_file(Path(sys.argv[1]) / "shard-00000.safetensors") as out:
+    io.save_safetensors({"x": torch.zeros(64)}, KilledMidway(out))
 """
 
 
-def test_a_process_killed_in_a_safetensors_write_leaves_only_its_own_temps(tmp_path):
-    """safetensors writes through a `.tmpXXXXXX` of its own beside the path it is given, a name
-    no cleanup can tell from a live writer's: the shards' writes give it a path inside a folder
-    named like the process's temps, so what a kill leaves goes with them."""
-    killed = subprocess.run([sys.executable, "-c", KILLED_IN_SAFETENSORS, str(tmp_path)], cwd=ROOT)
-    assert killed.returncode == -signal.SIGKILL
-    assert list(tmp_path.iterdir())  # it did leave something
+def test_a_process_killed_in_a_shard_write_leaves_only_its_own_temp(tmp_path):
+    """A shard is written straight to its temp name: what a kill leaves there is half a file
+    under the process's temp name, which the next run's cleanup removes."""
+    killed = subprocess.Popen(
+        [sys.executable, "-c", KILLED_IN_A_SHARD_WRITE, str(tmp_path)], cwd=ROOT
+    )
+    assert killed.wait() == -signal.SIGKILL
+    left = list(tmp_path.iterdir())
+    assert [p.name for p in left] == [f".shard-00000.safetensors.tmp-{killed.pid}"]
+    assert 8 < left[0].stat().st_size < 8 + 64 * 4  # a header and part of the data
     remove_stale_temps(tmp_path)
     assert list(tmp_path.iterdir()) == []
 

@@ -172,7 +172,11 @@ def test_bench_extract_stage_times_the_forward_and_the_stage(tmp_path, capsys):
     args += ["--json-out", str(tmp_path / "stage.json")]
     results = bench_extract_stage.main(args)
     rows = printed_table(capsys.readouterr().out, "run")
-    assert [r["run"] for r in rows] == ["forward alone 2x32", "stage"]
+    assert [r["run"] for r in rows] == [
+        "forward alone 2x32",
+        "stage",
+        "stage, before its last writes",
+    ]
     s, forward = results["stage"], results["forward"]
     for r, rate in zip(rows, (forward["tokens_per_s"], s["tokens_per_s"])):
         assert rate > 0 and number(r["tokens/s"]) == pytest.approx(rate, abs=0.5)
@@ -180,6 +184,13 @@ def test_bench_extract_stage_times_the_forward_and_the_stage(tmp_path, capsys):
     assert rows[1]["x forward"] == f"{ratio:.2f}"
     assert results["stage_vs_forward"] == pytest.approx(ratio, abs=1e-3)
     assert s["extracted_tokens"] == s["tokens"] == number(rows[1]["tokens"])
+    t = s["time"]  # the last writes: a part of the loop, after which the rate is the stage's
+    assert 0 < t["last_writes_s"] < t["loop_s"]
+    steady = s["extracted_tokens"] / (t["loop_s"] - t["last_writes_s"])
+    assert number(rows[2]["tokens/s"]) == pytest.approx(steady, rel=1e-2)
+    assert results["stage_before_last_writes_vs_forward"] == pytest.approx(
+        steady / forward["tokens_per_s"], rel=1e-2
+    )
     assert s["shards"] >= 3 and s["shards_deleted"] == s["shards"] - 2
     assert len(hidden.shard_files(tmp_path / "w" / "hidden")) == 2
     assert s["max_rel_error"] < 1e-2  # bf16 storage of each sample's own features

@@ -1,36 +1,40 @@
 """ShardWriter (stages/artifacts/hidden.py): shards written by several threads side by side, `put`
 waiting for the oldest write (what frees the extraction's host buffers in the order they are
-reused), every shard complete with its checksum, a failed write raised at the next put."""
+reused), every shard complete with its checksum, a failed write raised at the next put; the
+shard's own writer (stages/runtime/io.py save_safetensors into an atomic_file) against the
+safetensors library's bytes."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 import time
 
 import pytest
-import safetensors.torch
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from stages.artifacts import hidden
-from stages.runtime.io import checksum_problem
+from stages.runtime import io
+from stages.runtime.io import atomic_file, checksum_path, checksum_problem, save_safetensors
 
 
 class SlowSave:
-    """save_file that takes `seconds` and records when each shard's write ran."""
+    """save_safetensors that takes `seconds` and records when each shard's write ran."""
 
     def __init__(self, seconds: float, fail: str | None = None):
         self.seconds, self.fail = seconds, fail
         self.spans: dict[str, tuple[float, float]] = {}
         self.lock = threading.Lock()
-        self.save = safetensors.torch.save_file
+        self.save = hidden.save_safetensors
 
-    def __call__(self, tensors, path, metadata=None):
+    def __call__(self, tensors, out, metadata=None):
         start = time.monotonic()
         time.sleep(self.seconds)
         if self.fail and self.fail in metadata["shard_key"]:
-            raise OSError(f"cannot write {path}")
-        self.save(tensors, path, metadata=metadata)
+            raise OSError(f"cannot write {metadata['shard_key']}")
+        self.save(tensors, out, metadata=metadata)
         with self.lock:
             self.spans[metadata["shard_key"]] = (start, time.monotonic())
 
@@ -41,7 +45,7 @@ def shard(k: int) -> dict[str, torch.Tensor]:
 
 def test_writes_run_side_by_side_and_put_waits_for_the_oldest(tmp_path, monkeypatch):
     save = SlowSave(0.3)
-    monkeypatch.setattr(safetensors.torch, "save_file", save)  # what save_safetensors calls
+    monkeypatch.setattr(hidden, "save_safetensors", save)
     puts = []
     with hidden.ShardWriter(workers=2) as writer:
         for k in range(5):
@@ -59,7 +63,7 @@ def test_writes_run_side_by_side_and_put_waits_for_the_oldest(tmp_path, monkeypa
 
 
 def test_a_failed_write_is_raised_at_the_next_put_and_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(safetensors.torch, "save_file", SlowSave(0.0, fail="k1"))
+    monkeypatch.setattr(hidden, "save_safetensors", SlowSave(0.0, fail="k1"))
     with pytest.raises(OSError, match="cannot write"), hidden.ShardWriter(workers=2) as writer:
         for k in range(4):
             writer.put(shard(k), hidden.shard_path(tmp_path, k), {"shard_key": f"k{k}"})
@@ -69,3 +73,61 @@ def test_a_failed_write_is_raised_at_the_next_put_and_leaves_nothing(tmp_path, m
         "shard-00000.safetensors",
         "shard-00000.safetensors.sha256.json",
     ]
+
+
+@pytest.mark.parametrize("key", ["k", "a longer key"])  # two header lengths: padded differently
+def test_a_shard_has_the_bytes_safetensors_writes_and_the_hash_of_those_bytes(
+    tmp_path, key, monkeypatch
+):
+    tensors = {
+        "aux": torch.randn(5, 6).to(torch.bfloat16),
+        "last": torch.randn(6, 5).t(),  # not contiguous
+        "input_ids": torch.arange(5, dtype=torch.int32),
+        "loss_mask": torch.tensor([0, 1, 1, 0, 1], dtype=torch.bool),
+        "counts": torch.arange(3, dtype=torch.int64),
+        "empty": torch.zeros(0, 4, dtype=torch.float16),
+        **{  # one of each other dtype: where safetensors puts it
+            f"t{i}": torch.arange(4).to(dtype)
+            for i, dtype in enumerate(
+                [torch.uint8, torch.int8, torch.int16, torch.float64, torch.float32, torch.int64]
+                + [torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16, torch.int32]
+            )
+        },
+    }
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    save_file({k: t.contiguous() for k, t in tensors.items()}, str(theirs), {"shard_key": key})
+    want = hashlib.sha256(theirs.read_bytes()).hexdigest()
+    monkeypatch.setattr(io, "WRITE_CHUNK", 7)  # many writes, each hashed beside the next
+    monkeypatch.setattr(io.hashlib, "sha256", SlowSha256)
+    with atomic_file(ours) as out:
+        save_safetensors(tensors, out, {"shard_key": key})
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert json.loads(checksum_path(ours).read_text())["sha256"] == want
+    assert checksum_problem(ours) is None
+
+
+class SlowSha256:
+    """sha256 whose updates come late, as a large one does: a digest read before they are all
+    done is wrong."""
+
+    def __init__(self):
+        self.real = REAL_SHA256()
+
+    def update(self, data) -> None:
+        time.sleep(0.002)
+        self.real.update(data)
+
+    def hexdigest(self) -> str:
+        return self.real.hexdigest()
+
+
+REAL_SHA256 = hashlib.sha256
+
+
+def test_a_dtype_safetensors_lacks_is_named_with_its_tensor(tmp_path):
+    with (
+        pytest.raises(ValueError, match="tensor 'z'.*complex64"),
+        atomic_file(tmp_path / "x") as out,
+    ):
+        save_safetensors({"z": torch.zeros(2, dtype=torch.complex64)}, out)
+    assert list(tmp_path.iterdir()) == []

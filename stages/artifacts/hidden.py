@@ -39,7 +39,7 @@ import torch
 from safetensors import safe_open
 
 from ..runtime.io import (
-    atomic_path,
+    atomic_file,
     checksum_problem,
     save_safetensors,
     verify_checksum,
@@ -234,7 +234,7 @@ def write_index(hidden_dir: Path, plan: list[list[dict]], store: str = "all") ->
 
 @dataclass
 class WriteTimes:
-    """Seconds the writers spent serialising shards (`save_s`) and syncing, hashing and renaming
+    """Seconds the writers spent writing and hashing shards (`save_s`) and syncing and renaming
     them (`seal_s`), summed over the writers; and seconds `put` waited for a free writer
     (`writer_wait_s`)."""
 
@@ -272,8 +272,8 @@ class ShardWriter:
     def _write(self, tensors: dict[str, torch.Tensor], path: Path, metadata: dict) -> None:
         size = sum(t.numel() * t.element_size() for t in tensors.values())
         start = time.monotonic()
-        with atomic_path(path, size, checksum=True) as tmp:
-            save_safetensors(tensors, tmp, metadata)
+        with atomic_file(path, size) as out:
+            save_safetensors(tensors, out, metadata)
             saved = time.monotonic()
         with self._lock:
             self.times.save_s += saved - start

@@ -23,8 +23,10 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -68,13 +70,69 @@ class OutputLocked(OSError):
         return self.message
 
 
-@contextlib.contextmanager
 def atomic_path(
     final: Path | str, size: int | None = None, *, checksum: bool = False
-) -> Iterator[Path]:
+) -> contextlib.AbstractContextManager[Path]:
     """Yield a temp path beside `final`; on success sync it and replace `final` with it (with
     `checksum`, then record its size and sha256 beside it), else remove it. `size`: about how many
     bytes will be written, named when the disk turns out to be full."""
+    return _replacing(final, size, file_sha256 if checksum else None)
+
+
+class HashingWriter:
+    """A binary file that takes the sha256 of what is written to it as it goes. The hash runs on
+    a thread of its own beside the writes (both let go of the GIL), one update at a time and in
+    order, so a file costs the longer of the two rather than their sum. What is written must stay
+    unchanged until the next write or `hexdigest`."""
+
+    def __init__(self, out: BinaryIO):
+        self.out = out
+        self.digest = hashlib.sha256()
+        self._hasher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
+        self._hashing: Future | None = None
+
+    def write(self, data) -> int:
+        self._hashed()
+        self._hashing = self._hasher.submit(self.digest.update, data)
+        return self.out.write(data)
+
+    def hexdigest(self) -> str:
+        self._hashed()
+        return self.digest.hexdigest()
+
+    def close(self) -> None:
+        self._hasher.shutdown(wait=True)
+
+    def _hashed(self) -> None:
+        if self._hashing is not None:
+            self._hashing.result()
+            self._hashing = None
+
+
+@contextlib.contextmanager
+def atomic_file(final: Path | str, size: int | None = None) -> Iterator[HashingWriter]:
+    """atomic_path with `checksum`, as a binary file open on the temp path: the sha256 recorded
+    is taken from the bytes as they are written, so sealing a file of gigabytes does not read it
+    back."""
+    writer: HashingWriter | None = None
+
+    def sha256(_: Path) -> str:
+        assert writer is not None, "asked for before the file was opened"
+        return writer.hexdigest()
+
+    with _replacing(final, size, sha256) as tmp, open(tmp, "wb") as f:
+        writer = HashingWriter(f)
+        try:
+            yield writer
+        finally:
+            writer.close()
+
+
+@contextlib.contextmanager
+def _replacing(
+    final: Path | str, size: int | None, sha256: Callable[[Path], str] | None
+) -> Iterator[Path]:
+    """atomic_path's work; `sha256` gives the written temp file's hash, when one is recorded."""
     final = Path(final)
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
@@ -88,7 +146,7 @@ def atomic_path(
     try:
         yield tmp
         _sync(tmp)
-        sums = write_checksum(tmp, final) if checksum else None
+        sums = write_checksum(tmp, final, sha256(tmp)) if sha256 else None
         if tmp.is_dir() and final.exists():
             _remove(final)
         os.replace(tmp, final)
@@ -102,7 +160,7 @@ def atomic_path(
         raise failed from err
     finally:
         _remove(tmp)
-        if checksum:
+        if sha256:
             _remove(temp_path(checksum_path(final), os.getpid()))
 
 
@@ -111,24 +169,58 @@ def temp_path(final: Path, pid: int) -> Path:
     return final.with_name(f".{final.name}.tmp-{pid}")
 
 
-def save_safetensors(tensors: dict, tmp: Path, metadata: dict | None = None) -> None:
-    """safetensors' `save_file` to `tmp` (an `atomic_path`), through a folder of this process.
+# torch's dtypes by safetensors' names, in the order of safetensors' own dtype list: a file holds
+# its tensors by that order, last first, then by name
+SAFETENSORS_DTYPES = {
+    "torch.bool": "BOOL",
+    "torch.uint8": "U8",
+    "torch.int8": "I8",
+    "torch.float8_e5m2": "F8_E5M2",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "torch.int16": "I16",
+    "torch.float16": "F16",
+    "torch.bfloat16": "BF16",
+    "torch.int32": "I32",
+    "torch.float32": "F32",
+    "torch.float64": "F64",
+    "torch.int64": "I64",
+}
+DTYPE_ORDER = {name: rank for rank, name in enumerate(SAFETENSORS_DTYPES)}
+WRITE_CHUNK = 64 << 20  # bytes a write (and a hash update) takes at a time
 
-    safetensors (0.8) writes through a temp file of its own (`.tmpXXXXXX`) beside its target and
-    renames it there; a kill -9 in that write would leave it loose in the output folder, under a
-    name no cleanup can tell from a live writer's. Inside a folder named like this process's
-    temps (`.<tmp>.parts.tmp-<pid>`) it goes with them (`remove_stale_temps`).
-    """
-    from safetensors.torch import save_file
 
-    folder = temp_path(tmp.with_name(tmp.name.lstrip(".") + ".parts"), os.getpid())
-    _remove(folder)
-    folder.mkdir()
-    try:
-        save_file(tensors, str(folder / "file"), metadata=metadata)
-        os.replace(folder / "file", tmp)
-    finally:
-        _remove(folder)
+def save_safetensors(
+    tensors: dict, out: BinaryIO | HashingWriter, metadata: dict[str, str] | None = None
+) -> None:
+    """`tensors` (name -> CPU tensor) in the safetensors format, written to `out` straight from
+    their memory: the same bytes as safetensors' `save_file` (its dtype order, then by name; the
+    header padded to 8 bytes), without the copy of every tensor it makes first, so a shard of
+    gigabytes is written once (with atomic_file: and hashed in the same pass)."""
+    import torch  # here, so that the stages writing no tensors do not load it
+
+    for name, t in tensors.items():
+        if str(t.dtype) not in SAFETENSORS_DTYPES:
+            raise ValueError(f"tensor {name!r}: safetensors has no dtype for {t.dtype}")
+    names = sorted(tensors, key=lambda name: (-DTYPE_ORDER[str(tensors[name].dtype)], name))
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for name in names:
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[str(t.dtype)],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    out.write(len(text).to_bytes(8, "little"))
+    out.write(text)
+    for name in names:
+        data = memoryview(tensors[name].contiguous().view(-1).view(torch.uint8).numpy())
+        for start in range(0, len(data), WRITE_CHUNK):
+            out.write(data[start : start + WRITE_CHUNK])
 
 
 def _failed(err: BaseException, final: Path, tmp: Path | None, size: int | None):
@@ -240,15 +332,11 @@ def file_sha256(path: Path | str) -> str:
     return digest.hexdigest()
 
 
-def write_checksum(written: Path, final: Path) -> Path:
-    """Record the size and sha256 of `written` (the temp file that becomes `final`) in a temp
+def write_checksum(written: Path, final: Path, sha256: str) -> Path:
+    """Record the size and `sha256` of `written` (the temp file that becomes `final`) in a temp
     sidecar, synced; the caller renames it to checksum_path(final) after `final` is in place.
     Returns the temp sidecar."""
-    record = {
-        "file": final.name,
-        "bytes": written.stat().st_size,
-        "sha256": file_sha256(written),
-    }
+    record = {"file": final.name, "bytes": written.stat().st_size, "sha256": sha256}
     sums = temp_path(checksum_path(final), os.getpid())
     sums.write_text(json.dumps(record) + "\n")
     _fsync_file(sums)
