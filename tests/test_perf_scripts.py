@@ -116,6 +116,7 @@ def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys
         return compiled
 
     monkeypatch.setattr(bench_train, "compiled_objective", counted)
+    compile_parts_as_a_gpu_does(monkeypatch)
     bench_train.main(TINY[:4] + ["--batches", "1x32", "--ttt-steps", "2", "--compile", "--check"]
                      + ["--warmup", "2", "--repeat", "3"])  # fmt: skip
     out = capsys.readouterr().out
@@ -129,6 +130,22 @@ def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys
     assert out.index("tokens/s") < out.index("fast path vs float32")
     assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])  # the timed graph only
     assert len(calls) == 1 + 1 + 3 + 1, calls  # first step, the other warm-up, timed, the check
+
+
+def compile_parts_as_a_gpu_does(monkeypatch) -> None:
+    """`compiled_on_gpu` compiling here too (dynamo's eager backend: graphs counted, nothing
+    built), so that a float32 reference calling the GPU's compiled parts shows up as graphs."""
+    from stages.drafter import model, ttt
+
+    parts: dict = {}
+
+    def on_any_device(fn, on_gpu: bool):
+        if torch.compiler.is_compiling():
+            return fn
+        return parts.setdefault(fn, torch.compile(fn, dynamic=True, backend="eager"))
+
+    monkeypatch.setattr(model, "compiled_on_gpu", on_any_device)
+    monkeypatch.setattr(ttt, "compiled_on_gpu", on_any_device)
 
 
 @pytest.mark.slow

@@ -303,24 +303,34 @@ def compare_with_reference(
     GPU, flex attention, the fused loss) against the plain reference (`objective` in float32, no
     autocast, the materialised attention): the largest relative difference of the loss and of any
     parameter's gradient (norm of the difference over the reference's norm). The compiled path is
-    checked through the graph already compiled for the timings, so the check compiles nothing."""
+    checked through the graph already compiled for the timings, and the reference runs every
+    part a GPU compiles (norms, rope, the loss's rows) as written, so the check compiles nothing
+    (in float32 they would each compile again)."""
     attn = objective.drafter.midlayer.self_attn
-    paths = {
+    device = batch["aux"].device.type
+    paths = {  # (model, attention, autocast, compiled parts: as compiled, or run as written)
         "reference": (
             objective,
             "reference",
-            lambda: torch.autocast(batch["aux"].device.type, enabled=False),
+            lambda: torch.autocast(device, enabled=False),
+            "force_eager",
         ),
-        "fast": (objective if fast is None else fast, "auto", autocast_for(batch["aux"].device)),
+        "fast": (
+            objective if fast is None else fast,
+            "auto",
+            autocast_for(batch["aux"].device),
+            "default",
+        ),
     }
     results = {}
-    for name, (model, impl, autocast) in paths.items():
+    for name, (model, impl, autocast, stance) in paths.items():
         attn.impl = impl
         objective.drafter.use_fp8(fp8 and name == "fast")
         objective.drafter.zero_grad(set_to_none=True)
-        with autocast():
-            loss, _ = model(batch)
-        loss.backward()
+        with torch.compiler.set_stance(stance):
+            with autocast():
+                loss, _ = model(batch)
+            loss.backward()
         grads = {
             n: p.grad.float().clone()
             for n, p in objective.drafter.named_parameters()
