@@ -232,33 +232,35 @@ def test_forward_flops_counts_layer_weights_and_causal_attention():
 def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, monkeypatch):
     """The real extract, train and export at a tiny DeepSeek-V3 shape; a row whose training runs
     out of GPU memory prints OOM, exports the untrained drafter, and the next row still runs.
-    --compile reaches the stage's params (the CPU then runs eager, as the stage does)."""
+    --compile and --batch-size reach the stage's params (the CPU then runs eager, as the stage
+    does), and the step is timed on a batch of that size."""
     real_train = bench_kimi_width.run_train
     compiles = []
 
     def run_train(work, params, vocab, hidden):
-        compiles.append(yaml.safe_load(params.read_text())["train"]["compile"])
+        train = yaml.safe_load(params.read_text())["train"]
+        compiles.append((train["compile"], train["batch_size"]))
         if work.name == "T32":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
         return real_train(work, params, vocab, hidden)
 
     monkeypatch.setattr(bench_kimi_width, "run_train", run_train)
     args = ["--shape", "tiny", "--device", "cpu", "--lengths", "32", "48"]
-    args += ["--samples", "1", "--train-steps", "1", "--ttt-steps", "2", "--warmup", "0"]
-    args += ["--repeat", "1", "--compile"]
+    args += ["--samples", "2", "--batch-size", "2", "--train-steps", "1", "--ttt-steps", "2"]
+    args += ["--warmup", "0", "--repeat", "1", "--compile"]
     args += ["--work", str(tmp_path / "work"), "--json-out", str(tmp_path / "kimi.json")]
     bench_kimi_width.main(args)
-    assert compiles == [True, True]
+    assert compiles == [(True, 2), (True, 2)]
     rows = printed_table(capsys.readouterr().out, "length")
-    assert [(r["length"], r["stage tok/s"], r["export"]) for r in rows] == [
-        ("32", "OOM", "pass (untrained)"),
-        ("48", rows[1]["stage tok/s"], "pass"),
+    assert [(r["length"], r["batch"], r["stage tok/s"], r["export"]) for r in rows] == [
+        ("32", "2", "OOM", "pass (untrained)"),
+        ("48", "2", rows[1]["stage tok/s"], "pass"),
     ]
     for r in rows:
         assert number(r["extract tok/s"]) > 0 and r["bytes/token"] == "512"  # 4 x 64 x bf16
         assert number(r["train tok/s"]) > 0 and number(r["ms/step"]) > 0
-        assert number(r["train tok/s"]) == pytest.approx(
-            int(r["length"]) / number(r["ms/step"]) * 1e3, rel=0.02
+        assert number(r["train tok/s"]) == pytest.approx(  # the step's batch: 2 samples
+            2 * int(r["length"]) / number(r["ms/step"]) * 1e3, rel=0.02
         )
     assert number(rows[1]["stage tok/s"]) > 0 and number(rows[1]["stage peak GiB"]) > 0
     results = json.loads((tmp_path / "kimi.json").read_text())

@@ -6,14 +6,16 @@ experts as one GPU holds.
 
     python -m tests.perf.bench_kimi_width [--shape kimi-k2.5|tiny] [--device auto|cpu|cuda]
         [--layers 6] [--experts 16] [--experts-per-token 8] [--lengths 4096 8192]
-        [--intermediate 18432] [--train-steps 6] [--warmup 2] [--repeat 5]
-        [--stores all supervised none] [--compile] [--fp8] [--work /tmp/kimi-width]
+        [--samples 2] [--batch-size 1] [--intermediate 18432] [--train-steps 6] [--warmup 2]
+        [--repeat 5] [--stores all supervised none] [--compile] [--fp8] [--work /tmp/kimi-width]
         [--json-out FILE]
 
 The target is built in bf16 directly on the GPU (HF's initialisation, std 0.02) and saved as a
 sharded safetensors checkpoint under --work (kept and reused while its config is the same), so
 the stages load it the way they load a real one. Then, for each sequence length and each
-feature store of --stores (`extract.store`; default all), at batch 1:
+feature store of --stores (`extract.store`; default all), at batch --batch-size (default 1; every
+sample of a row has its length, so a batch holds no padding and the stage and the step run the
+same shape):
 
 (a) extract: `stages.extract.extract` on a merged split written with the merge stage's columns
     (random token ids, one supervised span per sample; --samples train samples and one eval
@@ -200,7 +202,7 @@ def write_params(path: Path, args, target: Path, device: torch.device, length: i
         "train": {
             "ttt_steps": args.ttt_steps,
             "max_steps": args.train_steps,
-            "batch_size": 1,
+            "batch_size": args.batch_size,
             "max_length": length,
             "lr": 1e-4,
             "warmup_ratio": 0.0,
@@ -234,9 +236,9 @@ def time_train_step(
     params: Path, vocab: Path, hidden: Path, target: Path, device: torch.device, args
 ) -> dict:
     """The train stage's step (`training_step`: TTT forward, backward, clip, AdamW) on the first
-    extracted train sample, built as the stage builds it (compiled, with FP8 products, as its
-    params say), timed as bench_train times it: the median of --repeat steps after --warmup, so
-    compilation and start-up stay out of the rate.
+    --batch-size extracted train samples, built as the stage builds it (compiled, with FP8
+    products, as its params say), timed as bench_train times it: the median of --repeat steps
+    after --warmup, so compilation and start-up stay out of the rate.
     Online (store none) each step first runs the target on the batch, as the stage does."""
     p = config.section(config.TrainParams, "train", params)
     meta = json.loads((hidden / "meta.json").read_text())
@@ -257,8 +259,9 @@ def time_train_step(
     weights = [q for q in drafter.parameters() if q.requires_grad]
     opt = adamw(weights, p.lr, p.weight_decay, device)
     autocast = autocast_for(device)
-    sample = HiddenStates(hidden, "train", p.max_length)[0]
-    batch = {k: v.to(device) for k, v in collate([sample], feature_dtype(device)).items()}
+    states = HiddenStates(hidden, "train", p.max_length)
+    samples = [states[i] for i in range(p.batch_size)]
+    batch = {k: v.to(device) for k, v in collate(samples, feature_dtype(device)).items()}
     tokens = int(batch["attention_mask"].sum())
     reset_peak_memory(device)
     seconds = median_seconds(
@@ -327,7 +330,7 @@ def bench_length(
     params = work / "params.yaml"
     write_params(params, args, target, device, length)
     hidden = work / "hidden"
-    row: dict = {"length": length, "batch": 1, "store": store}
+    row: dict = {"length": length, "batch": args.batch_size, "store": store}
 
     reset_peak_memory(device)
     try:
@@ -448,6 +451,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192])
     parser.add_argument("--samples", type=int, default=2, help="train samples per length")
     parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=1,
+        help="train.batch_size, and the timed step's batch (the first samples; at most --samples)",
+    )
+    parser.add_argument(
         "--intermediate",
         type=int,
         default=None,
@@ -491,6 +500,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error("--fp8 runs compiled only (train.fp8 needs train.compile): add --compile")
     if args.train_steps < 1 or args.samples < 1:
         parser.error("--train-steps and --samples must be at least 1")
+    if not 1 <= args.batch_size <= args.samples:
+        parser.error(f"--batch-size: 1 to --samples ({args.samples}), the step's batch is theirs")
 
     device = resolve_device(args.device)
     args.work.mkdir(parents=True, exist_ok=True)
