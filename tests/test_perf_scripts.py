@@ -235,11 +235,11 @@ def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, 
     --compile and --batch-size reach the stage's params (the CPU then runs eager, as the stage
     does), and the step is timed on a batch of that size."""
     real_train = bench_kimi_width.run_train
-    compiles = []
+    stage_params = []  # (train.compile, train.batch_size) of each row
 
     def run_train(work, params, vocab, hidden):
         train = yaml.safe_load(params.read_text())["train"]
-        compiles.append((train["compile"], train["batch_size"]))
+        stage_params.append((train["compile"], train["batch_size"]))
         if work.name == "T32":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 17.00 GiB")
         return real_train(work, params, vocab, hidden)
@@ -250,7 +250,7 @@ def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, 
     args += ["--warmup", "0", "--repeat", "1", "--compile"]
     args += ["--work", str(tmp_path / "work"), "--json-out", str(tmp_path / "kimi.json")]
     bench_kimi_width.main(args)
-    assert compiles == [(True, 2), (True, 2)]
+    assert stage_params == [(True, 2), (True, 2)]
     rows = printed_table(capsys.readouterr().out, "length")
     assert [(r["length"], r["batch"], r["stage tok/s"], r["export"]) for r in rows] == [
         ("32", "2", "OOM", "pass (untrained)"),
