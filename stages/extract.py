@@ -218,6 +218,19 @@ def _extract(
             f"[extract] host memory: {sets} x {buffer_tokens:,} tokens x {row_bytes:,} bytes = "
             f"{sets * buffer_tokens * row_bytes / 2**30:.2f} GiB per writing process"
         )
+    device = resolve_device(target.device)
+    buffers = (  # allocated on a thread of their own, beside the warm-up and the first shards
+        FeatureBuffers(
+            buffer_tokens,
+            len(indices) * hidden_size,
+            hidden_size,
+            DTYPES[params.dtype],
+            pin=device.type == "cuda",
+            sets=sets,
+        )
+        if role.writes and capture is not None
+        else None
+    )
     warmup_s = 0.0
     if mine and capture is not None:
         _, first = next(shard_rows(merged_dir, plan, mine[:1]))
@@ -235,23 +248,8 @@ def _extract(
         sum(len(plan[k]) for k in mine),
         sum(r["length"] for k in mine for r in plan[k]),
     )
-    device = resolve_device(target.device)
-    allocated = time.monotonic()
-    buffers = (
-        FeatureBuffers(
-            buffer_tokens,
-            len(indices) * hidden_size,
-            hidden_size,
-            DTYPES[params.dtype],
-            pin=device.type == "cuda",
-            sets=sets,
-        )
-        if role.writes and capture is not None
-        else None
-    )
     capturing = ShardCapture(capture, buffers, device)
-    clock = time.monotonic()  # after the warm-up and the buffers: tokens/s is the steady rate
-    buffers_s = clock - allocated
+    clock = time.monotonic()  # after the warm-up: tokens/s is the steady rate
     with ShardWriter(params.writers) as writer:  # shards are written while the next extract
         for k, rows, features in capturing.shards(shard_rows(merged_dir, plan, mine)):
             if role.writes:
@@ -260,6 +258,7 @@ def _extract(
                 progress.update(len(rows), int(tensors["input_ids"].numel()))
         landed = time.monotonic()
     last_writes_s = time.monotonic() - landed
+    buffers_s = buffers.allocation_s() if buffers is not None else 0.0
     _barrier(world)
     seconds = time.monotonic() - clock  # the slowest rank's time: what the run waited for
     samples = sum(len(shard) for shard in plan)
@@ -325,11 +324,12 @@ def _time_report(
     capture: CaptureTimes,
     writes: WriteTimes,
 ) -> dict:
-    """Where rank 0's time went, in seconds: allocating the host buffers, then the extraction loop
-    (tokens_per_s's): the device's forwards and copies out, the host waiting for copies to land
-    and for a free writer, the writes still running once the last features landed (the loop's
-    end, about one shard's write whatever the run's length), and the writers' own busy time
-    (summed over the threads, beside the loop)."""
+    """Where rank 0's extraction loop (tokens_per_s's) spent its seconds: the device's forwards
+    and copies out, the host waiting for copies to land, for host buffers still being allocated
+    (beside the warm-up and the first shards) and for a free writer, the writes still running
+    once the last features landed (the loop's end, about one shard's write whatever the run's
+    length), and the writers' own busy time (summed over the threads, beside the loop); and
+    `buffers_s`, the host buffers' allocation on its own thread, beside the warm-up."""
     times = {
         "buffers_s": buffers_s,
         "loop_s": seconds,

@@ -162,11 +162,13 @@ def check_features(capture: Capture, n: int, aux: torch.Tensor, last: torch.Tens
 @dataclass
 class CaptureTimes:
     """Where extraction's time went, in seconds: the device's forwards and its copies out (CUDA
-    events; wall clock on the CPU), and the host waiting for the copies to land."""
+    events; wall clock on the CPU), and the host waiting for the copies to land and for host
+    buffers still being allocated."""
 
     forward_s: float = 0.0
     copy_s: float = 0.0
     landed_wait_s: float = 0.0
+    buffers_wait_s: float = 0.0
 
 
 @dataclass
@@ -217,7 +219,9 @@ class ShardCapture:
         """Queue the forwards of shard k's rows and the copies of their features."""
         lengths = [len(r["input_ids"]) for r in rows]
         starts = torch.tensor([0] + lengths).cumsum(0).tolist()
+        clock = time.perf_counter()
         out = self.buffers.take(sum(lengths)) if self.buffers is not None else None
+        self.times.buffers_wait_s += time.perf_counter() - clock
         input_ids = torch.cat([torch.tensor(r["input_ids"], dtype=torch.int32) for r in rows])
         queued = _Queued(k, rows, {"input_ids": input_ids})
         if out is not None:

@@ -238,11 +238,13 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"[bench] the stage's loop, {t['loop_s']:.1f} s: device forwards {t['forward_s']:.1f} s, "
         f"copies out {t['copy_s']:.1f} s (beside the forwards); the host waited "
-        f"{t['landed_wait_s']:.1f} s for copies, {t['writer_wait_s']:.1f} s for a free writer; "
+        f"{t['landed_wait_s']:.1f} s for copies, {t['buffers_wait_s']:.1f} s for host buffers, "
+        f"{t['writer_wait_s']:.1f} s for a free writer; "
         f"the last writes went on {t['last_writes_s']:.1f} s after the last features landed; "
         f"the {args.writers} writers spent {t['save_s']:.1f} s writing + sha256, "
-        f"{t['seal_s']:.1f} s on fsync + rename; host buffers {t['buffers_s']:.1f} s before the "
-        f"loop; graphs compiled {stage['graphs_compiled']}; {stage['shards_deleted']} of "
+        f"{t['seal_s']:.1f} s on fsync + rename; host buffers allocated in {t['buffers_s']:.1f} s "
+        f"beside the warm-up; graphs compiled {stage['graphs_compiled']}; "
+        f"{stage['shards_deleted']} of "
         f"{stage['shards']} shards deleted behind the stage"
     )
     print_table(
