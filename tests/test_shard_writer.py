@@ -19,7 +19,6 @@ from safetensors.torch import load_file, save_file
 from stages.artifacts import hidden
 from stages.runtime import io
 from stages.runtime.io import atomic_file, checksum_path, checksum_problem, save_safetensors
-from stages.target import features
 from stages.target.features import FeatureBuffers
 
 
@@ -148,7 +147,7 @@ def test_feature_buffers_are_allocated_beside_the_caller(monkeypatch):
         time.sleep(0.05)
         return empty(*args, **kwargs)
 
-    monkeypatch.setattr(features.torch, "empty", gated)
+    monkeypatch.setattr(torch, "empty", gated)
     buffers = FeatureBuffers(8, 6, 2, torch.float32, pin=False, sets=2)
     release.set()
     aux, last = buffers.take(5)
@@ -163,7 +162,7 @@ def test_feature_buffers_raise_an_allocation_failure_at_take(monkeypatch):
     def fails(*args, **kwargs):
         raise RuntimeError("CUDA error: out of memory (pinned host memory)")
 
-    monkeypatch.setattr(features.torch, "empty", fails)
+    monkeypatch.setattr(torch, "empty", fails)
     buffers = FeatureBuffers(8, 6, 2, torch.float32, pin=False, sets=2)
     with pytest.raises(RuntimeError, match="pinned host memory"):
         buffers.take(4)

@@ -244,8 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"the {args.writers} writers spent {t['save_s']:.1f} s writing + sha256, "
         f"{t['seal_s']:.1f} s on fsync + rename; host buffers allocated in {t['buffers_s']:.1f} s "
         f"beside the warm-up; graphs compiled {stage['graphs_compiled']}; "
-        f"{stage['shards_deleted']} of "
-        f"{stage['shards']} shards deleted behind the stage"
+        f"{stage['shards_deleted']} of {stage['shards']} shards deleted behind the stage"
     )
     print_table(
         ["run", "tokens", "tokens/s", "x forward", "warm-up s", "max rel error"],
