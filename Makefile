@@ -7,7 +7,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup demo check test test-fast kill-sweep lock target prompts clean
+.PHONY: setup demo check test test-fast kill-sweep lock target prompts clean sglang-releases
 
 # Every other package at the version in constraints.txt (the versions CI ran with).
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -34,11 +34,16 @@ check: setup
 	$(BIN)/mypy
 	$(BIN)/python tools/structure.py
 
-test: setup
+# The supported SGLang releases' own source, read by the contract tests (tests/sglang_contract):
+# each wheel from the registry, without dependencies, unpacked under .sglang-releases/<version>/.
+sglang-releases: setup
+	$(BIN)/python tools/sglang_releases.py
+
+test: setup sglang-releases
 	$(BIN)/python -m pytest -q
 
 # A few minutes: everything but the slow tests (training runs, whole pipelines, kill -9, torchrun).
-test-fast: setup
+test-fast: setup sglang-releases
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # kill -9 at 21 seeded points per stage over the whole run of generate, extract and train, each

@@ -28,7 +28,7 @@ from . import config
 from .artifacts import merged as merged_files
 from .cli import PathOpt, StageError, params_key, run
 from .drafter.layers import default_aux_indices, serving_layer_ids
-from .engines.served_hidden import served_aux, served_flags
+from .engines.served_hidden import SERVES_AUX_SINCE, served_aux, served_flags, serves_aux
 from .extract import build_capture
 from .runtime import parallel
 from .runtime.device import resolve_device
@@ -74,6 +74,13 @@ def served_reference(
     flags its launch needs for these indices."""
     if not c.url:
         raise StageError("extract.canary.url: the http reference needs the server's URL")
+    if sglang_version and not serves_aux(sglang_version):
+        raise StageError(
+            f"extract.canary.reference http: SGLang {sglang_version} cannot return aux hidden "
+            f"states over HTTP (--enable-return-aux-hidden-states arrived in "
+            f"{SERVES_AUX_SINCE}); use reference hf, or serve the target with SGLang "
+            f"{SERVES_AUX_SINCE} for the canary"
+        )
     key = api_key(c.api_key_env, "extract.canary.api_key_env")
     with params_key("extract.canary"):
         ids = serving_layer_ids(architecture, indices, num_layers, sglang_version)["sglang"]

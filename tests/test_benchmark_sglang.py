@@ -410,9 +410,19 @@ def test_acceptance_pools_sglang_counts_and_histograms():
     run = ServerRun(
         "http://s",
         [
-            reply("a", completion_tokens=9, spec_verify_ct=4, spec_accept_histogram=[1, 2, 1, 0]),
+            reply(
+                "a",
+                completion_tokens=9,
+                spec_verify_ct=4,
+                spec_correct_drafts_histogram=[1, 2, 1, 0],
+            ),
             reply("b", completion_tokens=1),  # stopped at the prefill's token: no verify step
-            reply("c", completion_tokens=5, spec_verify_ct=2, spec_accept_histogram=[0, 1, 0, 1]),
+            reply(
+                "c",
+                completion_tokens=5,
+                spec_verify_ct=2,
+                spec_correct_drafts_histogram=[0, 1, 0, 1],
+            ),
         ],
         wall_s=2.0,
     )

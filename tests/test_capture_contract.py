@@ -3,11 +3,11 @@
 The same contract runs against the `hf` engine and against the `sglang` engine, on tiny random
 Llama and DeepSeek-V3 targets built here: aux is HF hidden_states[i] at every recorded index i,
 side by side, and last is the post-norm final state. The sglang engine runs on
-tests/fake_sglang, a stand-in of exactly the SGLang symbols stages/engines/sglang_capture.py
-imports, whose model runner computes with the HF model and captures the layers as SGLang's model
-code does for the family and the version it reports, so an id the engine gets wrong comes back as
-another layer's features. Then: ids per family and version, batching by length and the split of
-the flat output, the version check, resume, rank-0-only writes under torchrun, the canary, and
+tests/fake_sglang, stand-ins of each supported release (0.5.14 and 0.5.23) held to the release's
+own signatures, whose model runner computes with the HF model and captures the layers as SGLang's
+model code does, so an id the engine gets wrong comes back as another layer's features. Then: ids
+per family and release, batching by length and the split of the flat output, the version check,
+resume, rank-0-only writes under torchrun for each release, the canary, and
 the hf engine's packed rows through the stage (each sample as if run alone, the same bytes
 whatever the writer threads) and its pipelined host copies.
 """
@@ -33,8 +33,10 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, L
 from stages import canary, config
 from stages.artifacts import hidden
 from stages.cli import StageError
+from stages.drafter.layers import serving_layer_ids, sglang_captured_indices
 from stages.engines import sglang_capture
 from stages.engines.served_hidden import prefill_aux
+from stages.engines.sglang_versions import SUPPORTED_VERSIONS
 from stages.extract import build_capture, extract
 from stages.runtime.io import CHECKSUM_SUFFIX
 from stages.target import canary as canary_math
@@ -53,6 +55,7 @@ from tests import fake_sglang
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.timeout(300)
+RELEASES = SUPPORTED_VERSIONS
 
 VOCAB = 128
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8)
@@ -98,20 +101,27 @@ def targets(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
-    """activate(version): the SGLang stand-in importable, reporting `version`; its record."""
+    """activate(version, package): the stand-in of release `package` (default: `version`)
+    importable as a fresh process would see it, the installed distribution reporting `version`;
+    returns fake_core, whose RECORD lasts the test. Call it before each engine is built: 0.5.23
+    builds its parallel groups once per process."""
 
     active: list[str] = []
 
-    def activate(version: str = "0.5.23"):
-        if active[-1:] != [version]:
+    def activate(version: str = "0.5.23", package: str | None = None):
+        key = f"{version}/{package}"
+        if active[-1:] != [key]:
             where = fake_sglang.write_distribution(tmp_path / f"dist-{version}", version)
             monkeypatch.syspath_prepend(str(where))
             monkeypatch.syspath_prepend(str(fake_sglang.ROOT))
+            monkeypatch.syspath_prepend(str(fake_sglang.stand_in(package or version)))
             fake_sglang.forget()
-            active.append(version)
-        import sglang._fake as record
+            active.append(key)
+        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+            del sys.modules[name]
+        import fake_core
 
-        return record
+        return fake_core
 
     yield activate
     fake_sglang.forget()
@@ -132,9 +142,11 @@ def extract_params(engine: str, layers=None, dtype="float32", **sglang) -> confi
     )
 
 
-def make_capture(engine, path, fake, layers=None, dtype="float32", **sglang) -> Capture:
+def make_capture(
+    engine, path, fake, layers=None, dtype="float32", release="0.5.23", **sglang
+) -> Capture:
     if engine == "sglang":
-        fake()
+        fake(release)
     return build_capture(extract_params(engine, layers, dtype, **sglang), target_params(path))
 
 
@@ -171,9 +183,12 @@ def assert_is_hf(path: Path, samples, got, indices) -> None:
 
 
 @pytest.mark.parametrize("family", ["llama", "deepseek"])
-@pytest.mark.parametrize("engine", ["hf", "sglang"])
+@pytest.mark.parametrize("engine", ["hf", *(f"sglang-{v}" for v in RELEASES)])
 def test_capture_contract(engine, family, targets, fake):
-    capture = make_capture(engine, targets[family], fake)
+    """0.5.14 returns no post-norm state beside the aux layers (the engine reads it at the
+    logits processor), 0.5.23 does (last_hidden_states): both give HF's."""
+    engine, _, release = engine.partition("-")
+    capture = make_capture(engine, targets[family], fake, release=release or "0.5.23")
     assert isinstance(capture, Capture)
     assert capture.aux_indices == [2, 4, 5]  # the default [2, N // 2, N - 3] of 8 layers
     assert (capture.num_layers, capture.hidden_size) == (8, SMALL["hidden_size"])
@@ -197,41 +212,44 @@ def test_features_come_back_in_the_stored_dtype(engine, targets, fake):
 # --- the sglang engine: ids, batches, settings, version -----------------------------------
 
 
+@pytest.mark.parametrize("version", RELEASES)
 @pytest.mark.parametrize(
-    "family, layers, version, ids",
+    "family, layers, ids",
     [
-        ("llama", [2, 4, 5], "0.5.23", [1, 3, 4]),  # llama.py: id + 1
-        ("llama", [1, 3, 7], "0.5.23", [0, 2, 6]),
-        ("deepseek", [2, 4, 5], "0.5.23", [1, 3, 4]),  # first id 1: + 1 on every version
-        ("deepseek", [2, 4, 5], "0.5.12", [1, 3, 4]),
-        ("deepseek", [3, 4, 6], "0.5.23", [3, 4, 6]),  # from 0.5.13: as written
-        ("deepseek", [3, 4, 6], "0.5.12", [2, 3, 5]),  # before 0.5.13: id + 1
+        ("llama", [2, 4, 5], [1, 3, 4]),  # llama.py: id + 1
+        ("llama", [1, 3, 7], [0, 2, 6]),
+        ("deepseek", [2, 4, 5], [1, 3, 4]),  # deepseek_v2.py: the first id is 1, so + 1
+        ("deepseek", [3, 4, 6], [3, 4, 6]),  # otherwise as written
     ],
 )
-def test_sglang_ids_per_family_and_version(
-    family, layers, version, ids, targets, fake, monkeypatch
-):
-    monkeypatch.setattr(sglang_capture, "SUPPORTED_VERSIONS", (version,))
-    fake(version)
+def test_sglang_ids_per_family_and_release(family, layers, ids, version, targets, fake):
+    record = fake(version)
     capture = build_capture(extract_params("sglang", layers), target_params(targets[family]))
     assert capture.layer_ids == ids and capture.version == version
-    import sglang._fake as record
-
     (told,) = [r for r in record.RECORD if r["event"] == "set_eagle3_layers_to_capture"]
     assert told["ids"] == ids and told["captures"] == layers
     assert_is_hf(targets[family], SAMPLES[:2], captured(capture, SAMPLES[:2]), layers)
 
 
 def test_an_id_convention_mistake_comes_back_as_other_layers(targets, fake, monkeypatch):
-    """The engine translating for 0.5.23 while SGLang 0.5.12 runs: every layer one too deep."""
-    record = fake("0.5.12")
-    monkeypatch.setattr(sglang_capture, "installed_sglang_version", lambda: "0.5.23")
+    """The engine translating with the convention of SGLang < 0.5.13 (id + 1 for DeepSeek) while
+    0.5.23 runs: every layer one too shallow."""
+    record = fake()
+    older = "0.5.12"
+    monkeypatch.setattr(
+        sglang_capture, "serving_layer_ids", lambda a, i, n, v: serving_layer_ids(a, i, n, older)
+    )
+    monkeypatch.setattr(
+        sglang_capture,
+        "sglang_captured_indices",
+        lambda a, ids, n, v: sglang_captured_indices(a, ids, n, older),
+    )
     capture = build_capture(extract_params("sglang", [3, 4, 6]), target_params(targets["deepseek"]))
     (told,) = [r for r in record.RECORD if r["event"] == "set_eagle3_layers_to_capture"]
-    assert told["captures"] == [4, 5, 7]
+    assert told["ids"] == [2, 3, 5] and told["captures"] == [2, 3, 5]
     got = captured(capture, SAMPLES[:1])
     states = reference(targets["deepseek"], SAMPLES[0])
-    assert torch.allclose(got[0][0][:, :32], states[4][0], atol=1e-5)  # slot 0 holds index 4
+    assert torch.allclose(got[0][0][:, :32], states[2][0], atol=1e-5)  # slot 0 holds index 2
 
 
 def test_sglang_forwards_group_samples_by_length_and_count_in_order():
@@ -243,41 +261,53 @@ def test_sglang_forwards_group_samples_by_length_and_count_in_order():
     assert packed_rows([200], 100) == [range(1)] and packed_rows([], 100) == []
 
 
-def test_sglang_batches_by_length_and_splits_the_flat_output(targets, fake, monkeypatch):
-    record = fake()
+@pytest.mark.parametrize("release", RELEASES)
+def test_sglang_batches_by_length_and_splits_the_flat_output(release, targets, fake, monkeypatch):
+    record = fake(release)
     samples = [SAMPLES[0] * 5, SAMPLES[1] + SAMPLES[3], SAMPLES[2] + SAMPLES[0], SAMPLES[3]]
     lengths = [len(s) for s in samples]  # 30, 42, 33, 2
-    capture = make_capture("sglang", targets["llama"], fake, max_tokens_per_forward=75)
+    capture = make_capture(
+        "sglang", targets["llama"], fake, release=release, max_tokens_per_forward=75
+    )
     got = captured(capture, samples)
     forwards = [r["lengths"] for r in record.RECORD if r["event"] == "forward"]
     assert forwards == [lengths[:2], lengths[2:]]  # 72 tokens, then 35
     assert all(r["mode"] == "FULL" for r in record.RECORD if r["event"] == "forward")
     assert_is_hf(targets["llama"], samples, got, [2, 4, 5])
-    # the request pool bounds a forward's samples too
-    monkeypatch.setattr("sglang.srt.model_executor.model_runner.POOL_SIZE", 3)
+    # the runner's max_running_requests bounds a forward's samples too
+    fake(release)
+    monkeypatch.setattr("fake_core.POOL_SIZE", 3)
     record.RECORD.clear()
-    capture = make_capture("sglang", targets["llama"], fake, max_tokens_per_forward=10**6)
-    captured(capture, samples)
+    params = extract_params("sglang", max_tokens_per_forward=10**6)
+    captured(build_capture(params, target_params(targets["llama"])), samples)
     assert [len(r["lengths"]) for r in record.RECORD if r["event"] == "forward"] == [3, 1]
 
 
-def test_sglang_engine_runs_with_capture_settings(targets, fake):
-    record = fake()
-    capture = make_capture("sglang", targets["llama"], fake, mem_fraction_static=0.5)
+@pytest.mark.parametrize("release", RELEASES)
+def test_sglang_engine_runs_with_capture_settings(release, targets, fake):
+    record = fake(release)
+    capture = make_capture(
+        "sglang", targets["llama"], fake, release=release, mem_fraction_static=0.5
+    )
     captured(capture, SAMPLES[:1])
     (args,) = [r for r in record.RECORD if r["event"] == "server_args"]
     assert args["disable_radix_cache"] is True and args["chunked_prefill_size"] == -1
     assert args["pp_size"] == 1 and args["disable_cuda_graph"] is True
     assert (args["tp_size"], args["ep_size"], args["mem_fraction_static"]) == (1, 1, 0.5)
-    assert [r["disable"] for r in record.RECORD if r["event"] == "radix_cache"] == [True]
     (runner,) = [r for r in record.RECORD if r["event"] == "model_runner"]
-    assert (runner["tp_rank"], runner["pp_size"], runner["moe_ep_size"]) == (0, 1, 1)
-
-
-def test_last_state_from_the_logits_processor_when_the_output_lacks_it(targets, fake, monkeypatch):
-    monkeypatch.setenv("FAKE_SGLANG_NO_LAST", "1")
-    capture = make_capture("sglang", targets["deepseek"], fake)
-    assert_is_hf(targets["deepseek"], SAMPLES[:2], captured(capture, SAMPLES[:2]), [2, 4, 5])
+    assert runner["mem_fraction_static"] == 0.5
+    initialized = {r["what"] for r in record.RECORD if r["event"] == "initialize"}
+    if release == "0.5.14":
+        assert (runner["tp_rank"], runner["pp_size"], runner["moe_ep_size"]) == (0, 1, 1)
+        assert initialized == {"moe", "fp8", "fp4"}
+    else:  # capture-only settings, published before the runner, groups built once
+        assert args["enable_return_aux_hidden_states"] is True
+        assert args["speculative_algorithm"] == "EAGLE3"
+        assert args["return_aux_hidden_state_layer_ids"] == [1, 3, 4]
+        events = [r["event"] for r in record.RECORD]
+        assert events.index("publish") < events.index("init_parallel_runtime")
+        assert events.index("init_parallel_runtime") < events.index("model_runner")
+        assert initialized == {"moe", "fp8", "bf16", "fp4"}
 
 
 def test_sglang_tp_size_must_match_the_processes(targets, fake):
@@ -285,18 +315,19 @@ def test_sglang_tp_size_must_match_the_processes(targets, fake):
         make_capture("sglang", targets["llama"], fake, tp_size=2)
 
 
-@pytest.mark.parametrize("version", ["0.5.22", "0.5.24", None])
-def test_version_check_names_the_supported_version_and_pip_line(version, targets, fake, tmp_path):
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.14.post1", "0.5.22", "0.5.24", None])
+def test_version_check_names_the_supported_releases_and_pip_lines(version, targets, fake, tmp_path):
     if version is None:
         fake_sglang.forget()  # nothing installed
     else:
-        fake(version)
+        fake(version, package="0.5.23")
     params = extract_params("sglang")
     with pytest.raises(StageError) as err:
         extract(tmp_path / "merged", tmp_path / "hidden", params, target_params(targets["llama"]))
     message = str(err.value)
     assert message.startswith("extract.sglang: ")
-    assert "0.5.23" in message and 'pip install "sglang==0.5.23"' in message
+    for release in RELEASES:
+        assert release in message and f'pip install "sglang=={release}"' in message
     if version:
         assert f"{version} is installed" in message
     assert not (tmp_path / "hidden").exists()
@@ -382,6 +413,7 @@ def test_extract_with_the_sglang_engine_resumes_shard_by_shard(targets, fake, tm
     stamps = {p: p.stat().st_mtime_ns for p in shards}
     shards[1].unlink()
     record.RECORD.clear()
+    fake()  # a new process
     again = extract(merged, out, params, target_params(targets["llama"]))
     assert shards[1].exists() and again["extracted_tokens"] < again["tokens"]
     assert all(p.stat().st_mtime_ns == stamps[p] for p in shards if p != shards[1])
@@ -465,9 +497,10 @@ def test_shard_capture_without_buffers_runs_the_forwards_and_keeps_nothing(targe
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(targets, tmp_path):
+@pytest.mark.parametrize("release", RELEASES)
+def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(release, targets, tmp_path):
     merged = write_merged(tmp_path / "merged")
-    where = fake_sglang.write_distribution(tmp_path / "dist", "0.5.23")
+    where = fake_sglang.write_distribution(tmp_path / "dist", release)
     params = tmp_path / "params.yaml"
     params.write_text(
         yaml.safe_dump(
@@ -488,7 +521,7 @@ def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(targets, tmp_path):
     env = dict(
         os.environ,
         OMP_NUM_THREADS="1",
-        PYTHONPATH=f"{ROOT}:{fake_sglang.pythonpath(where)}",
+        PYTHONPATH=f"{ROOT}:{fake_sglang.pythonpath(release, where)}",
         RECORD_DIR=str(record),
         RECORD_ROOT=str(tmp_path),
         FAKE_SGLANG_RECORD=str(tmp_path / "fake-{rank}.jsonl"),
@@ -526,10 +559,14 @@ def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(targets, tmp_path):
         for r in (0, 1)
     ]
     runners = [[e for e in rec if e["event"] == "model_runner"][0] for rec in fake_records]
-    assert [(r["tp_rank"], r["tp_size"], r["moe_ep_rank"], r["moe_ep_size"]) for r in runners] == [
-        (0, 2, 0, 2),
-        (1, 2, 1, 2),
-    ]
+    if release == "0.5.14":  # the ranks go to the runner
+        ranks = [(r["tp_rank"], r["tp_size"], r["moe_ep_rank"], r["moe_ep_size"]) for r in runners]
+        assert ranks == [(0, 2, 0, 2), (1, 2, 1, 2)]
+    else:  # they are published with the ServerArgs, the runner reads them back
+        published = [[e for e in rec if e["event"] == "publish"][0] for rec in fake_records]
+        assert [(p["world_rank"], p["gpu_id"]) for p in published] == [(0, 0), (1, 1)]
+        args = [[e for e in rec if e["event"] == "server_args"][0] for rec in fake_records]
+        assert [(a["tp_size"], a["ep_size"]) for a in args] == [(2, 2), (2, 2)]
     forwards = [[e["lengths"] for e in rec if e["event"] == "forward"] for rec in fake_records]
     assert forwards[0] == forwards[1] and len(forwards[0]) >= len(shards)
     assert_hidden_is_hf(targets["deepseek"], merged, out, [3, 4, 6])
@@ -592,8 +629,15 @@ def test_canary_cli_exits_1_on_a_version_mistake(targets, fake, tmp_path, monkey
     fake()
     canary.main(merged, samples=3, params=params)  # right ids: passes
     assert "[canary] PASS" in capsys.readouterr().out
-    fake("0.5.12")  # SGLang 0.5.12 runs, the engine translates for 0.5.23
-    monkeypatch.setattr(sglang_capture, "installed_sglang_version", lambda: "0.5.23")
+    fake()  # the engine translates with SGLang 0.5.12's convention while 0.5.23 runs
+    monkeypatch.setattr(
+        sglang_capture, "serving_layer_ids", lambda a, i, n, v: serving_layer_ids(a, i, n, "0.5.12")
+    )
+    monkeypatch.setattr(
+        sglang_capture,
+        "sglang_captured_indices",
+        lambda a, ids, n, v: sglang_captured_indices(a, ids, n, "0.5.12"),
+    )
     with pytest.raises(StageError, match="canary failed"):
         canary.main(merged, samples=3, params=params)
     printed = capsys.readouterr().out
@@ -681,6 +725,7 @@ def test_canary_one_node_flow_saves_the_served_states_then_compares(
     fake()
     canary.main(merged, samples=4, load_reference=saved, params=params)
     assert "[canary] PASS" in capsys.readouterr().out
+    fake()
     with pytest.raises(StageError, match="other samples"):
         canary.main(merged, samples=3, load_reference=saved, params=params)
 

@@ -278,7 +278,9 @@ def spec_meta(spec: SpecResult, completion_tokens: int) -> dict:
         "spec_accept_rate": accepted / (verify * spec.num_steps),
         "spec_accepted_drafts": accepted,
         "spec_proposed_drafts": verify * spec.num_steps,
-        "spec_accept_histogram": [spec.accepted.count(k) for k in range(spec.num_steps + 1)],
+        "spec_correct_drafts_histogram": [
+            spec.accepted.count(k) for k in range(spec.num_steps + 1)
+        ],
     }
 
 

@@ -15,7 +15,15 @@ from collections.abc import Sequence
 import httpx
 import torch
 
+from ..drafter.layers import parse_version
 from . import EngineError, auth_failure, bearer_headers, redact
+
+SERVES_AUX_SINCE = "0.5.23"  # the first release with --enable-return-aux-hidden-states
+
+
+def serves_aux(version: str) -> bool:
+    """Whether a server of SGLang `version` can return the aux hidden states over HTTP."""
+    return parse_version(version) >= parse_version(SERVES_AUX_SINCE)
 
 
 def served_flags(layer_ids: Sequence[int]) -> str:

@@ -175,7 +175,7 @@ class Acceptance:
     completion_tokens: int  # the prefill's token included, as SGLang counts
     verify_steps: int
     histogram: list[int] | None  # verify steps that accepted k drafts, k = 0, 1, ...; None
-    # when a reply came without spec_accept_histogram
+    # when a reply came without spec_correct_drafts_histogram
 
     @property
     def tau(self) -> float:
@@ -216,7 +216,7 @@ def acceptance(run: ServerRun) -> Acceptance:
                 )
             continue
         verify += meta["spec_verify_ct"]
-        histograms.append(meta.get("spec_accept_histogram"))
+        histograms.append(meta.get("spec_correct_drafts_histogram"))
     lists = [h for h in histograms if isinstance(h, list)]
     histogram = None
     if histograms and len(lists) == len(histograms):

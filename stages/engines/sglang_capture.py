@@ -1,107 +1,367 @@
 """The `sglang` capture engine: a target that needs a whole node, captured by SGLang's own model
 runner in-process, tensor parallel over the torchrun ranks.
 
-Written against SGLang 0.5.23 (`SUPPORTED_VERSIONS`); it refuses any other installed version
-before touching SGLang, naming the version and the pip line, because everything around the
-capture seam changes between releases (how a ModelRunner is built and its pools allocated, how a
-ScheduleBatch becomes a ForwardBatch, the parallel_state wiring). This module holds every SGLang
-import and call of the project's extraction; the SGLang symbols it uses, all imported inside
-`SGLangCapture.__init__` after the version check:
+Supported releases: 0.5.14 and 0.5.23 (`sglang_versions.SUPPORTED_VERSIONS`); any other is
+refused before SGLang is imported, naming both and their pip lines. Everything around the capture
+seam changes between them, so each has an adapter here (`Runner0514`, `Runner0523`), written
+from that release's own scheduler-less driver, its `bench_one_batch`, and checked in CI against
+that release's source (tests/sglang_contract: every import, call, keyword and attribute). This
+module is the only one of the project that imports SGLang.
 
-    sglang.srt.server_args.ServerArgs
-    sglang.srt.configs.model_config.ModelConfig                 (.from_server_args)
-    sglang.srt.model_executor.model_runner.ModelRunner          (.alloc_memory_pool, .init_backends
-                                                                  or .init_attention_backends +
-                                                                  .init_cuda_graphs, .forward,
-                                                                  .model, .req_to_token_pool,
-                                                                  .token_to_kv_pool_allocator)
-    sglang.srt.model_executor.forward_batch_info.ForwardBatch   (.init_new, .capture_hidden_mode)
-    sglang.srt.model_executor.forward_batch_info.CaptureHiddenMode   (.FULL)
-    sglang.srt.managers.schedule_batch.Req, ScheduleBatch       (.init_new, .prepare_for_extend,
-                                                                  .get_model_worker_batch)
-    sglang.srt.sampling.sampling_params.SamplingParams
-    sglang.srt.mem_cache.cache_init_params.CacheInitParams
-    sglang.srt.mem_cache.radix_cache.RadixCache                 (disabled: nothing is cached)
-    sglang.srt.speculative.spec_info.SpeculativeAlgorithm       (.NONE)
+What each adapter does, and the release file each step mirrors:
 
-and on the model: `set_eagle3_layers_to_capture(ids)`; on the forward's logits-processor output:
-`hidden_states` (the aux layers side by side, [tokens, num_aux * H]) and `last_hidden_states`
-(the post-norm final state, [tokens, H]). Where an output carries no usable
-`last_hidden_states`, the post-norm state is read as the input of the model's logits processor
-(a forward pre-hook), which is the same tensor.
+0.5.14 (`sglang/bench_one_batch.py` load_model and extend; `srt/managers/tp_worker.py`):
+  1. `ServerArgs(...)`: a dataclass whose `__post_init__` resolves the defaults.
+  2. `initialize_moe_config`, `initialize_fp8_gemm_config`, `initialize_fp4_gemm_config`, as
+     bench_one_batch's latency_test does before it loads the model.
+  3. `ModelConfig.from_server_args`, then `ModelRunner(model_config, mem_fraction_static, gpu_id,
+     tp_rank, tp_size, moe_ep_rank, moe_ep_size, pp_rank, pp_size, nccl_port, server_args)`: the
+     runner itself initialises the distributed environment (an initialised torchrun group is
+     reused: `parallel_state.init_distributed_environment`) and loads the weights.
+  4. `alloc_memory_pool()`, `init_attention_backends()`, then the capture ids with
+     `model.set_eagle3_layers_to_capture` (as `ModelRunner.init_aux_hidden_state_capture` does
+     for an EAGLE-3 draft), then `init_cuda_graphs()`, which builds the eager runner every
+     forward goes through even with CUDA graphs off.
+  5. Per forward: `Req(rid, "", array("q", ids), SamplingParams)` with `full_untruncated_fill_ids`,
+     `fill_len`, `logprob_start_len = -1` and `set_extend_input_len`; `ScheduleBatch.init_new`
+     over a tree cache that only allocates; `prepare_for_extend()`; the ids moved to the device
+     (`prefill_input_ids_cpu`); `batch.capture_hidden_mode = FULL`; `ForwardBatch.init_new(batch,
+     runner)`; `runner.forward`; both pools cleared.
+  6. The output's `hidden_states` are the aux layers side by side; 0.5.14's LogitsProcessorOutput
+     has no post-norm state beside them, so it is taken as the logits processor's input (a
+     forward pre-hook; CUDA graphs are off, so hooks run).
 
-How it runs (docs/serving.md section 5):
-- `torchrun --nproc-per-node <tp_size>`: every process is one TP rank of one model; this module
-  does not start processes. The stage has already joined torchrun's process group (NCCL), so
-  SGLang's `init_distributed_environment` finds it initialised and builds its world and TP
-  groups on those ranks; with one process SGLang initialises its own on a free local port.
-- radix cache off (a cached prefix would not be recomputed, its states missing), chunked prefill
-  off (`chunked_prefill_size=-1`: each sequence in one forward), pipeline parallel 1, CUDA graphs
-  off (prefill only). Expert parallel is `ep_size` (dividing tp_size) with SGLang's default MoE
-  all-to-all; DP attention and DeepEP, which need SGLang's MLP-sync step, are not supported.
-- ids: `stages/drafter/layers.py` turns the recorded HF indices into the ids that make the
-  installed SGLang version capture exactly them for this model family (CAPTURE_TABLE), and the
-  engine checks the width of what comes back.
-- batches: samples packed in order into forwards of at most `max_tokens_per_forward` tokens (a
-  longer sample runs alone) and at most as many as the request pool holds; the flat
-  [total_tokens, ...] outputs are split back into samples by their input lengths.
-- every TP rank ends up holding the same captures; only TP rank 0 writes (`role.writes`).
+0.5.23 (`sglang/benchmark/one_batch.py` correctness_test, load_model and extend;
+`srt/managers/scheduler.py` run_scheduler_process):
+  1. `load_plugins()`; `ServerArgs(...)` with `enable_return_aux_hidden_states`,
+     `speculative_algorithm="EAGLE3"` and `return_aux_hidden_state_layer_ids` (resolution turns
+     that into a capture-only run: no draft is loaded), then `resolve_once()`.
+  2. `publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank, gpu_id))`: the runner
+     refuses a ServerArgs that was not published (`assert_published`).
+  3. `initialize_moe_config`, `initialize_fp8_gemm_config`, `initialize_bf16_gemm_config`,
+     `initialize_fp4_gemm_config` (one_batch.py `_init_process_global_configs`).
+  4. `ModelConfig.from_server_args`; `bootstrap.init_parallel_runtime` (reuses an initialised
+     torchrun group) and `bootstrap.init_layer_runtime`; `ModelRunner(model_config,
+     mem_fraction_static, gpu_id, nccl_port, server_args)`.
+  5. `alloc_memory_pool()`, `init_attention_backends()` (which sets the capture ids on the model
+     from the resolved settings), `init_cuda_graphs()` (the eager runner).
+  6. Per forward: as 0.5.14, with the renamed fields (`extend_end` for `fill_len`, no
+     `set_extend_input_len`) and `ForwardBatch.init_new(batch, runner, capture_hidden_mode=FULL,
+     return_hidden_states_before_norm=False)`.
+  7. The output's `hidden_states` are the aux layers and `last_hidden_states` the post-norm
+     final state of every token (kept because the run is a capture-only one).
 
-Nothing here has run against a real SGLang: the tests drive it with a stand-in package of exactly
-these symbols (tests/fake_sglang), and `python -m stages.canary` is the check to run first on a
-node.
+Both: radix cache off, chunked prefill off (`chunked_prefill_size=-1`), pipeline parallel 1,
+CUDA graphs off (prefill only), expert parallel `ep_size` (dividing tp_size) with SGLang's default
+MoE all-to-all; DP attention and DeepEP are not supported. Samples are packed in order into
+forwards of at most `max_tokens_per_forward` tokens (capped by the runner's KV pool) and at most
+`max_running_requests` samples; the flat outputs are split back by length. Every TP rank holds
+the same captures; only rank 0 writes (`role.writes`).
+
+None of this has run on a GPU with SGLang: the tests drive it with stand-ins of each release
+(tests/fake_sglang), themselves held to the releases' signatures. On a node, run the canary
+first (`python -m stages.canary`, README: "Moving to GPUs and SGLang").
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import socket
+from array import array
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from ..drafter.layers import parse_version, serving_layer_ids, sglang_captured_indices
+from ..drafter.layers import serving_layer_ids, sglang_captured_indices
 from ..target.capture import Captured, Role, config_facts
 from ..target.packing import packed_rows
 from . import EngineError
-
-SUPPORTED_VERSIONS = ("0.5.23",)
-PIP_LINE = f'pip install "sglang=={SUPPORTED_VERSIONS[-1]}"'
+from .sglang_versions import check_sglang_version
 
 
 class SGLangCaptureError(EngineError):
-    """SGLang is missing, of another version, or gave features of the wrong shape."""
-
-
-def installed_sglang_version() -> str | None:
-    try:
-        return importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def check_sglang_version(version: str | None = None) -> str:
-    """The installed SGLang version, if it is one this engine is written against; else an error
-    naming the supported versions and the pip line."""
-    version = installed_sglang_version() if version is None else version
-    supported = ", ".join(SUPPORTED_VERSIONS)
-    if version is None:
-        raise SGLangCaptureError(
-            f"extract.engine sglang needs SGLang {supported}, which is not installed: {PIP_LINE}"
-        )
-    if not any(parse_version(version) == parse_version(v) for v in SUPPORTED_VERSIONS):
-        raise SGLangCaptureError(
-            f"extract.engine sglang is written against SGLang {supported}; {version} is "
-            f"installed, and the model-runner API around the capture changes between releases. "
-            f"Install the supported one: {PIP_LINE}"
-        )
-    return version
+    """SGLang gave features of the wrong shape, or the run's layout cannot be served."""
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """What an adapter needs to build its release's model runner."""
+
+    model_path: str
+    layer_ids: tuple[int, ...]  # the ids SGLang is told, for this release and family
+    rank: int
+    local_rank: int
+    tp_size: int
+    ep_size: int
+    mem_fraction_static: float
+    trust_remote_code: bool
+    model_dtype: str
+
+    def server_args(self) -> dict[str, Any]:
+        """The ServerArgs fields both releases take alike."""
+        return dict(
+            model_path=self.model_path,
+            trust_remote_code=self.trust_remote_code,
+            dtype=self.model_dtype,
+            tp_size=self.tp_size,
+            ep_size=self.ep_size,
+            pp_size=1,
+            mem_fraction_static=self.mem_fraction_static,
+            disable_radix_cache=True,
+            chunked_prefill_size=-1,
+            disable_cuda_graph=True,
+            skip_tokenizer_init=True,
+        )
+
+
+class PrefillOnlyCache:
+    """The tree cache a prefill-only batch needs: no prefix is ever shared, so it only hands the
+    KV allocator to `prepare_for_extend` and evicts nothing (the release's bench_one_batch runs
+    its forwards over the same)."""
+
+    def __init__(self, page_size: int, device: Any, token_to_kv_pool_allocator: Any):
+        self.page_size = page_size
+        self.device = device
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+
+    def supports_swa(self) -> bool:
+        return False
+
+    def supports_mamba(self) -> bool:
+        return False
+
+    def supports_prefix_sharing(self) -> bool:
+        return True
+
+    def is_chunk_cache(self) -> bool:
+        return False
+
+    def is_tree_cache(self) -> bool:
+        return True
+
+    def evict(self, params: Any) -> None:
+        """Nothing is cached, so nothing to evict."""
+
+    def maybe_hand_to_session(self, req: Any) -> None:
+        """No sessions."""
+
+
+class ReleaseRunner:
+    """What the adapters share: a prefill-only batch built, moved to the device, run and freed
+    the way both releases' bench_one_batch do it. Each adapter builds its runner and says how a
+    request is made and how its ScheduleBatch becomes a forward."""
+
+    runner: Any
+    page_size: int
+    max_requests: int
+    max_tokens: int
+    _Req: Any  # the release's Req, SamplingParams and ScheduleBatch
+    _SamplingParams: Any
+    _ScheduleBatch: Any
+    _no_speculation: Any  # its SpeculativeAlgorithm.NONE
+
+    def __init__(self, s: RunnerSettings):
+        raise NotImplementedError
+
+    def new_request(self, rid: str, ids: Sequence[int]) -> Any:
+        """A request of the ids alone, no prefix, no logprobs: what both releases' bench builds
+        before it sets the release's own extend fields."""
+        req = self._Req(
+            rid=rid,
+            origin_input_text="",
+            origin_input_ids=array("q", ids),
+            sampling_params=self._SamplingParams(temperature=0, max_new_tokens=1),
+        )
+        req.full_untruncated_fill_ids = req.origin_input_ids
+        req.logprob_start_len = -1
+        return req
+
+    def request(self, rid: str, ids: Sequence[int]) -> Any:
+        raise NotImplementedError
+
+    def forward(self, schedule: Any) -> tuple[Any, Any]:
+        """(aux, post-norm final state) of the batch's tokens."""
+        raise NotImplementedError
+
+    def prefill(self, batch: list[Sequence[int]], tag: str) -> tuple[Any, Any]:
+        runner = self.runner
+        schedule = self._ScheduleBatch.init_new(
+            reqs=[self.request(f"{tag}-{i}", ids) for i, ids in enumerate(batch)],
+            req_to_token_pool=runner.req_to_token_pool,
+            token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
+            tree_cache=PrefillOnlyCache(
+                self.page_size, runner.device, runner.token_to_kv_pool_allocator
+            ),
+            model_config=runner.model_config,
+            enable_overlap=False,
+            spec_algorithm=self._no_speculation,
+        )
+        try:
+            schedule.prepare_for_extend()
+            schedule.input_ids = schedule.prefill_input_ids_cpu.to(schedule.device)
+            schedule.prefill_input_ids_cpu = None
+            return self.forward(schedule)
+        finally:
+            runner.req_to_token_pool.clear()
+            runner.token_to_kv_pool_allocator.clear()
+
+
+class Runner0514(ReleaseRunner):
+    """SGLang 0.5.14's model runner, built and driven as its bench_one_batch does."""
+
+    def __init__(self, s: RunnerSettings):
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.layers.moe.utils import initialize_moe_config
+        from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
+        from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.server_args import ServerArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self._Req, self._ForwardBatch, self._SamplingParams = Req, ForwardBatch, SamplingParams
+        self._ScheduleBatch, self._no_speculation = ScheduleBatch, SpeculativeAlgorithm.NONE
+        self._full = CaptureHiddenMode.FULL
+        server_args = ServerArgs(**s.server_args())
+        initialize_moe_config(server_args)
+        initialize_fp8_gemm_config(server_args)
+        initialize_fp4_gemm_config(server_args)
+        runner = ModelRunner(
+            model_config=ModelConfig.from_server_args(server_args),
+            mem_fraction_static=server_args.mem_fraction_static,
+            gpu_id=s.local_rank,
+            tp_rank=s.rank,
+            tp_size=s.tp_size,
+            moe_ep_rank=s.rank // (s.tp_size // s.ep_size),
+            moe_ep_size=s.ep_size,
+            pp_rank=0,
+            pp_size=1,
+            nccl_port=_free_port(),
+            server_args=server_args,
+        )
+        runner.alloc_memory_pool()
+        runner.init_attention_backends()
+        runner.model.set_eagle3_layers_to_capture(list(s.layer_ids))
+        runner.init_cuda_graphs()
+        self._final: torch.Tensor | None = None
+        runner.model.logits_processor.register_forward_pre_hook(self._keep_final)
+        self.runner, self.page_size = runner, server_args.page_size
+        self.max_requests = int(runner.max_running_requests)
+        self.max_tokens = int(runner.max_total_num_tokens)
+
+    def _keep_final(self, _module: Any, args: tuple) -> None:
+        """The logits processor's input (input_ids, hidden_states, ...) is the post-norm state."""
+        self._final = args[1]
+
+    def request(self, rid: str, ids: Sequence[int]) -> Any:
+        req = self.new_request(rid, ids)
+        req.fill_len = len(req.full_untruncated_fill_ids)
+        req.set_extend_input_len(req.fill_len - len(req.prefix_indices))
+        return req
+
+    def forward(self, schedule: Any) -> tuple[Any, Any]:
+        self._final = None
+        schedule.capture_hidden_mode = self._full
+        output = self.runner.forward(self._ForwardBatch.init_new(schedule, self.runner))
+        return output.logits_output.hidden_states, self._final
+
+
+class Runner0523(ReleaseRunner):
+    """SGLang 0.5.23's model runner, built and driven as its benchmark/one_batch.py does, with
+    the capture-only settings of --enable-return-aux-hidden-states."""
+
+    def __init__(self, s: RunnerSettings):
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.distributed import bootstrap
+        from sglang.srt.layers.moe import initialize_moe_config
+        from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
+        from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+        from sglang.srt.layers.quantization.unquant import initialize_bf16_gemm_config
+        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+        from sglang.srt.model_executor.model_runner import ModelRunner
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.runtime_context import (
+            SpawnRanks,
+            get_device,
+            get_schedule,
+            publish,
+            spawn_world_rank,
+        )
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        from sglang.srt.server_args import ServerArgs
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        self._Req, self._ForwardBatch, self._SamplingParams = Req, ForwardBatch, SamplingParams
+        self._ScheduleBatch, self._no_speculation = ScheduleBatch, SpeculativeAlgorithm.NONE
+        self._full = CaptureHiddenMode.FULL
+        load_plugins()
+        server_args = ServerArgs(
+            **s.server_args(),
+            enable_return_aux_hidden_states=True,
+            speculative_algorithm="EAGLE3",
+            return_aux_hidden_state_layer_ids=list(s.layer_ids),
+        )
+        server_args.resolve_once()
+        world_rank = spawn_world_rank(server_args, tp_rank=s.rank, pp_rank=0)
+        publish(
+            server_args,
+            role="scheduler",
+            ranks=SpawnRanks(world_rank=world_rank, gpu_id=s.local_rank),
+        )
+        initialize_moe_config()
+        initialize_fp8_gemm_config()
+        initialize_bf16_gemm_config()
+        initialize_fp4_gemm_config()
+        model_config = ModelConfig.from_server_args(server_args)
+        port = _free_port()
+        bootstrap.init_parallel_runtime(
+            server_args=server_args, device=get_device().device, dist_port=port
+        )
+        bootstrap.init_layer_runtime(model_config=model_config)
+        runner = ModelRunner(
+            model_config=model_config,
+            mem_fraction_static=get_schedule().mem_fraction_static,
+            gpu_id=s.local_rank,
+            nccl_port=port,
+            server_args=server_args,
+        )
+        runner.alloc_memory_pool()
+        runner.init_attention_backends()
+        runner.init_cuda_graphs()
+        self.runner, self.page_size = runner, get_schedule().page_size
+        self.max_requests = int(runner.max_running_requests)
+        self.max_tokens = int(runner.max_total_num_tokens)
+
+    def request(self, rid: str, ids: Sequence[int]) -> Any:
+        req = self.new_request(rid, ids)
+        req.extend_end = len(req.full_untruncated_fill_ids)
+        return req
+
+    def forward(self, schedule: Any) -> tuple[Any, Any]:
+        forward_batch = self._ForwardBatch.init_new(
+            schedule,
+            self.runner,
+            capture_hidden_mode=self._full,
+            return_hidden_states_before_norm=False,
+        )
+        output = self.runner.forward(forward_batch).logits_output
+        return output.hidden_states, output.last_hidden_states
+
+
+RUNNERS: dict[str, type[ReleaseRunner]] = {
+    "0.5.14": Runner0514,
+    "0.5.23": Runner0523,
+}
 
 
 class SGLangCapture:
@@ -137,81 +397,30 @@ class SGLangCapture:
         self.aux_indices = [int(i) for i in aux_indices]
         self.dtype = dtype
         self.role = Role(0, 1, writes=rank == 0)
-        # the ids that make this SGLang version capture exactly HF hidden_states[aux_indices]
+        # the ids that make this release capture exactly HF hidden_states[aux_indices]
         arch, layers = self.architecture, self.num_layers
         self.layer_ids = serving_layer_ids(arch, self.aux_indices, layers, self.version)["sglang"]
         captured = sglang_captured_indices(arch, self.layer_ids, layers, self.version)
         if captured != self.aux_indices:  # serving_layer_ids only returns ids that pass this
             raise SGLangCaptureError(f"ids {self.layer_ids} would capture {captured}")
-        self.max_tokens = max_tokens_per_forward
-
-        from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
-        from sglang.srt.model_executor.model_runner import ModelRunner
-        from sglang.srt.sampling.sampling_params import SamplingParams
-        from sglang.srt.server_args import ServerArgs
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        self._sg = dict(
-            Req=Req,
-            ScheduleBatch=ScheduleBatch,
-            CacheInitParams=CacheInitParams,
-            RadixCache=RadixCache,
-            CaptureHiddenMode=CaptureHiddenMode,
-            ForwardBatch=ForwardBatch,
-            SamplingParams=SamplingParams,
-            SpeculativeAlgorithm=SpeculativeAlgorithm,
-        )
-        self.server_args = ServerArgs(
+        settings = RunnerSettings(
             model_path=model_path,
-            trust_remote_code=trust_remote_code,
-            dtype=model_dtype,
+            layer_ids=tuple(self.layer_ids),
+            rank=rank,
+            local_rank=local_rank,
             tp_size=tp_size,
             ep_size=ep_size,
-            pp_size=1,
             mem_fraction_static=mem_fraction_static,
-            disable_radix_cache=True,
-            chunked_prefill_size=-1,
-            disable_cuda_graph=True,
-            skip_tokenizer_init=True,
+            trust_remote_code=trust_remote_code,
+            model_dtype=model_dtype,
         )
-        model_config = ModelConfig.from_server_args(self.server_args)
-        self.runner = ModelRunner(
-            model_config=model_config,
-            mem_fraction_static=mem_fraction_static,
-            gpu_id=local_rank,
-            tp_rank=rank,
-            tp_size=tp_size,
-            moe_ep_rank=rank // (tp_size // ep_size),
-            moe_ep_size=ep_size,
-            pp_rank=0,
-            pp_size=1,
-            nccl_port=_free_port(),
-            server_args=self.server_args,
-        )
-        # Since 0.5.14 the KV pools, attention backends and graphs are set up by the caller.
-        if getattr(self.runner, "req_to_token_pool", None) is None:
-            self.runner.alloc_memory_pool()
-        if getattr(self.runner, "attn_backend", None) is None:
-            if hasattr(self.runner, "init_backends"):
-                self.runner.init_backends(disable_cuda_graph=True)
-            else:
-                self.runner.init_attention_backends()
-                self.runner.init_cuda_graphs()
-        self.runner.model.set_eagle3_layers_to_capture(list(self.layer_ids))
-        self._final: torch.Tensor | None = None
-        self._hook_final_state()
+        self.runner = RUNNERS[self.version](settings)
+        self.max_tokens = min(max_tokens_per_forward, self.runner.max_tokens)
         self._forwards = 0
 
-    # --- capture ---------------------------------------------------------------------------
-
     def max_samples(self) -> int | None:
-        """Requests one forward may hold: the runner's request-to-token pool."""
-        size = getattr(self.runner.req_to_token_pool, "size", None)
-        return int(size) if size else None
+        """Requests one forward may hold: the runner's max_running_requests."""
+        return self.runner.max_requests or None
 
     def capture(self, input_ids: Sequence[Sequence[int]]) -> Iterator[Captured]:
         lengths = [len(ids) for ids in input_ids]
@@ -224,77 +433,21 @@ class SGLangCapture:
     def _forward(self, batch: list[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One prefill-only forward of `batch`: (aux [total, num_aux * H], last [total, H]) in
         the stored dtype, the samples' tokens one after another."""
-        sg, runner = self._sg, self.runner
-        params = sg["SamplingParams"](temperature=0, max_new_tokens=1)
-        reqs = []
-        for i, ids in enumerate(batch):
-            req = sg["Req"](
-                rid=f"capture-{self._forwards}-{i}",
-                origin_input_text="",
-                origin_input_ids=list(ids),
-                sampling_params=params,
-            )
-            req.fill_ids = req.origin_input_ids
-            req.extend_input_len = len(req.fill_ids)
-            req.logprob_start_len = len(req.fill_ids) - 1
-            reqs.append(req)
+        aux, last = self.runner.prefill(batch, f"capture-{self._forwards}")
         self._forwards += 1
-        tree_cache = sg["RadixCache"](
-            sg["CacheInitParams"](
-                disable=True,
-                req_to_token_pool=runner.req_to_token_pool,
-                token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-                page_size=self.server_args.page_size,
-            )
-        )
-        schedule = sg["ScheduleBatch"].init_new(
-            reqs=reqs,
-            req_to_token_pool=runner.req_to_token_pool,
-            token_to_kv_pool_allocator=runner.token_to_kv_pool_allocator,
-            tree_cache=tree_cache,
-            model_config=runner.model_config,
-            enable_overlap=False,
-            spec_algorithm=sg["SpeculativeAlgorithm"].NONE,
-        )
-        schedule.prepare_for_extend()
-        forward_batch = sg["ForwardBatch"].init_new(schedule.get_model_worker_batch(), runner)
-        forward_batch.capture_hidden_mode = sg["CaptureHiddenMode"].FULL
-        self._final = None
-        try:
-            output = runner.forward(forward_batch)
-        finally:
-            runner.req_to_token_pool.clear()
-            runner.token_to_kv_pool_allocator.clear()
-        logits_output = getattr(output, "logits_output", output)
         total = sum(len(ids) for ids in batch)
-        aux = getattr(logits_output, "hidden_states", None)
         width = len(self.aux_indices) * self.hidden_size
         if aux is None or tuple(aux.shape) != (total, width):
             raise SGLangCaptureError(
                 f"SGLang {self.version} returned hidden_states of shape "
                 f"{None if aux is None else tuple(aux.shape)} for {total} tokens; expected "
                 f"({total}, {width}): the aux layers {self.aux_indices} (ids {self.layer_ids}) "
-                f"of every token. Is the radix cache or chunked prefill on, or the capture mode "
-                f"not FULL?"
+                f"of every token"
             )
-        last = getattr(logits_output, "last_hidden_states", None)
-        if last is None or tuple(last.shape) != (total, self.hidden_size):
-            last = self._final
         if last is None or tuple(last.shape) != (total, self.hidden_size):
             raise SGLangCaptureError(
-                f"SGLang {self.version}: no post-norm final state of shape ({total}, "
-                f"{self.hidden_size}) in the forward's output nor at its logits processor"
+                f"SGLang {self.version}: the post-norm final state is "
+                f"{None if last is None else tuple(last.shape)}, expected ({total}, "
+                f"{self.hidden_size})"
             )
         return aux.to(self.dtype), last.to(self.dtype)
-
-    def _hook_final_state(self) -> None:
-        """Keep the input of the model's logits processor: the post-norm state of every token."""
-        for name, module in self.runner.model.named_modules():
-            if name.split(".")[-1] == "logits_processor":
-
-                def hook(_module, args, kwargs):
-                    states = args[1] if len(args) > 1 else kwargs.get("hidden_states")
-                    self._final = states
-
-                module.register_forward_pre_hook(hook, with_kwargs=True)
-                return

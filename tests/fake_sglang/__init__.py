@@ -1,13 +1,15 @@
-"""A stand-in for SGLang, of exactly the symbols stages/engines/sglang_capture.py imports, for
-tests on machines without SGLang (or a GPU).
+"""Stand-ins for SGLang's supported releases, for tests on machines without SGLang (or a GPU).
 
-Its model runner computes every forward with the Hugging Face model of the checkpoint (fp32, CPU,
-one sequence at a time) and captures the layers the way SGLang's model code turns the ids given
-to `set_eagle3_layers_to_capture` into layers, for the family and the version it reports: an id
-the engine gets wrong comes back as the wrong layer's features. The version is the installed
-distribution's (`importlib.metadata.version("sglang")`), which `activate` writes.
+`v0_5_14/sglang` and `v0_5_23/sglang` hold, per release, exactly the modules and names of the
+release that stages/engines/sglang_capture.py uses, with the release's own signatures (held to
+them by tests/sglang_contract/test_stand_in.py); what they share lives in `fake_core.py`. The
+model runner computes every forward with the Hugging Face model of the checkpoint (fp32, CPU, one
+sequence at a time) and captures the layers the way SGLang's model code turns capture ids into
+layers, so an id the engine gets wrong comes back as another layer's features. The version the
+engine sees is the installed distribution's (`importlib.metadata.version("sglang")`), which
+`write_distribution` sets.
 
-What the runner was given and ran is recorded (`sglang._fake.RECORD`, and with FAKE_SGLANG_RECORD
+What the runner was given and ran is recorded (`fake_core.RECORD`, and with FAKE_SGLANG_RECORD
 set, one JSON line per event in that file per rank) so tests can check the server arguments, the
 ids and the forwards.
 """
@@ -19,6 +21,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+CORE = ROOT / "fake_core.py"
+
+
+def stand_in(version: str) -> Path:
+    """The folder holding the stand-in `sglang` package of `version` (0.5.14 | 0.5.23)."""
+    return ROOT / f"v{version.replace('.', '_')}"
 
 
 def write_distribution(where: Path, version: str) -> Path:
@@ -31,11 +39,12 @@ def write_distribution(where: Path, version: str) -> Path:
 
 def forget() -> None:
     """Drop the imported stand-in modules, so the next import reads them (and the version) anew."""
-    for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+    for name in [m for m in sys.modules if m in ("sglang", "fake_core") or m.startswith("sglang.")]:
         del sys.modules[name]
     importlib.invalidate_caches()
 
 
-def pythonpath(where: Path) -> str:
-    """PYTHONPATH entries for a subprocess that should import the stand-in of `where`'s version."""
-    return f"{ROOT}:{where}"
+def pythonpath(package: str, where: Path) -> str:
+    """PYTHONPATH entries for a subprocess that should import the stand-in of release `package`
+    while the distribution under `where` reports its version."""
+    return f"{stand_in(package)}:{ROOT}:{where}"

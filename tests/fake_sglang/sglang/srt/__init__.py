@@ -1,1 +1,0 @@
-"""Stand-in for the SGLang package of the same name (tests only)."""

@@ -1,0 +1,1 @@
+from fake_core import DeepseekV2ForCausalLM  # noqa: F401

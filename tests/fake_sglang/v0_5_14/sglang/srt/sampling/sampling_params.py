@@ -1,0 +1,1 @@
+from fake_core import SamplingParams  # noqa: F401

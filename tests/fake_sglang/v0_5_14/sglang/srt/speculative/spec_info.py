@@ -1,0 +1,1 @@
+from fake_core import SpeculativeAlgorithm  # noqa: F401

@@ -1,0 +1,1 @@
+from fake_core import LlamaForCausalLM  # noqa: F401

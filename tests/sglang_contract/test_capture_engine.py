@@ -1,0 +1,122 @@
+"""The capture engine's SGLang calls against each supported release's own source: every import,
+call, keyword, required parameter, attribute read or written and enum member of its adapter for
+that release (stages/engines/sglang_capture.py), and that nothing is left unchecked."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from stages.engines import sglang_capture
+from stages.engines.sglang_versions import SUPPORTED_VERSIONS
+from tests.conftest import ROOT
+
+from .calls import ClassWalk
+from .release import missing_reason, require
+
+pytestmark = pytest.mark.releases
+
+
+@pytest.fixture(params=SUPPORTED_VERSIONS)
+def release(request):
+    return require(request.param)
+
+
+def test_every_supported_release_has_its_adapter():
+    assert set(sglang_capture.RUNNERS) == set(SUPPORTED_VERSIONS)
+
+
+def test_adapter_calls_are_the_releases(release):
+    report = ClassWalk(release, sglang_capture.RUNNERS[release.version]).run()
+    assert not report.problems, f"SGLang {release.version}:\n" + "\n".join(report.problems)
+    assert not report.unchecked, "\n".join(report.unchecked)
+    checked = "\n".join(report.checked)
+    for call in ("ModelRunner(...)", "ScheduleBatch.init_new(...)", "ForwardBatch.init_new(...)"):
+        assert call in checked
+    assert "LogitsProcessorOutput.hidden_states" in checked
+    assert len(report.checked) > 60
+
+
+class OldEngine:
+    """The calls the engine made before it was checked against the releases (its picture of
+    SGLang), kept to show the check refuses them."""
+
+    def __init__(self, model_config, server_args, batch):
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+        from sglang.srt.model_executor.model_runner import ModelRunner
+
+        runner = ModelRunner(
+            model_config=model_config,
+            mem_fraction_static=0.8,
+            gpu_id=0,
+            tp_rank=0,
+            tp_size=1,
+            moe_ep_rank=0,
+            moe_ep_size=1,
+            pp_rank=0,
+            pp_size=1,
+            nccl_port=1,
+            server_args=server_args,
+        )
+        runner.init_backends(disable_cuda_graph=True)
+        self.batch = ForwardBatch.init_new(batch.get_model_worker_batch(), runner)
+
+
+def test_the_check_refuses_the_old_engines_calls():
+    release = require("0.5.23")
+    problems = "\n".join(ClassWalk(release, OldEngine).run().problems)
+    assert "ModelRunner(...): keyword 'tp_rank' is no parameter of the callee" in problems
+    assert "ModelRunner neither defines nor sets .init_backends" in problems
+    assert "required parameter(s) ['return_hidden_states_before_norm'] not given" in problems
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (("enable_overlap=False", "enable_overlaps=False"), "keyword 'enable_overlaps' is no"),
+        (
+            ("runner.alloc_memory_pool()", "runner.alloc_memory_pools()"),
+            "nor sets .alloc_memory_pools",
+        ),
+        (("CaptureHiddenMode.FULL", "CaptureHiddenMode.ALL"), "has no member ALL"),
+        (("logprob_start_len = -1", "logprob_begin = -1"), "nor sets .logprob_begin"),
+    ],
+)
+def test_a_planted_mistake_in_an_adapter_is_caught(release, change, problem):
+    """The engine's own adapter with one name changed: the check names it."""
+    source = ClassWalk(release, sglang_capture.RUNNERS[release.version]).source
+    planted = source.replace(*change)
+    assert planted != source
+    problems = "\n".join(ClassWalk(release, planted).run().problems)
+    assert problem in problems, problems
+
+
+def test_prefill_only_cache_has_what_the_releases_own_driver_gives():
+    """The tree cache the adapters hand to ScheduleBatch has every method of the one the
+    release's own scheduler-less driver (bench_one_batch) hands it."""
+    drivers = {"0.5.14": "sglang.bench_one_batch", "0.5.23": "sglang.benchmark.one_batch"}
+    for version, module in drivers.items():
+        release = require(version)
+        theirs = release.cls(module, "TreeCacheNamespace")
+        methods = {n.name for n in theirs.node.body if isinstance(n, ast.FunctionDef)}
+        missing = methods - set(dir(sglang_capture.PrefillOnlyCache))
+        assert not missing, f"{version}'s driver's tree cache has {missing}"
+
+
+def test_only_the_capture_engine_imports_sglang():
+    importers = []
+    for path in (ROOT / "stages").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n == "sglang" or n.startswith("sglang.") for n in names):
+                importers.append(path.relative_to(ROOT).as_posix())
+    assert sorted(set(importers)) == ["stages/engines/sglang_capture.py"]
+
+
+def test_a_missing_release_says_how_to_fetch_it():
+    assert "make sglang-releases" in (missing_reason("0.0.1") or "")

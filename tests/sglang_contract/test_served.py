@@ -1,0 +1,161 @@
+"""The HTTP side of every supported SGLang release, read from its own source: the raw-token
+client's /generate body, the meta_info and finish_reason keys the project reads, the routes it
+calls, the launch flags the launcher, the served benchmark and the canary pass, the /server_info
+keys the benchmark reads and the metrics the monitor reads."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from stages import config
+from stages.engines import Sampling, served_hidden, sglang_bench
+from stages.engines.sglang import request_body
+from stages.launch import server_command
+from tests.conftest import ROOT
+
+from . import served
+from .release import require, supported_versions
+
+pytestmark = pytest.mark.releases
+
+# The modules that talk to an SGLang server, and what of SGLang each one names.
+CLIENT_MODULES = ("sglang.py", "sglang_bench.py", "served_hidden.py", "monitor.py")
+ENGINES = ROOT / "stages" / "engines"
+
+
+@pytest.fixture(params=supported_versions())
+def release(request):
+    return require(request.param)
+
+
+def string_constants(path: Path) -> list[str]:
+    """Every string literal of a module, the literal parts of f-strings included."""
+    return [
+        n.value
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+
+
+def keys_read(path: Path, holder: str) -> set[str]:
+    """String keys read from a mapping whose expression ends in `holder` (`meta_info`, `meta`,
+    `finish`): `x[key]`, `x.get(key)` and `key in x`."""
+    keys = set()
+
+    def holds(expr: ast.expr) -> bool:  # meta_info, reply.meta_info, (r.get('meta_info') or {})
+        text = ast.unparse(expr)
+        return text == holder or text.endswith(f".{holder}") or f"get('{holder}')" in text
+
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Subscript) and holds(n.value) and isinstance(n.slice, ast.Constant):
+            keys.add(n.slice.value)
+        if (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "get"
+            and holds(n.func.value)
+            and n.args
+            and isinstance(n.args[0], ast.Constant)
+        ):
+            keys.add(n.args[0].value)
+        if (
+            isinstance(n, ast.Compare)
+            and isinstance(n.left, ast.Constant)
+            and any(isinstance(op, ast.In | ast.NotIn) for op in n.ops)
+            and any(holds(c) for c in n.comparators)
+        ):
+            keys.add(n.left.value)
+    return keys
+
+
+def test_generate_body_fields(release):
+    sampling = Sampling(max_new_tokens=8, temperature=0.6, top_p=0.9, top_k=20, seed=1)
+    for body in (request_body("s/1", [1, 2], sampling, 0), served_hidden.request_body([1, 2])):
+        unknown = set(body) - served.generate_fields(release)
+        assert not unknown, f"/generate fields {unknown} are not in {release.version}'s request"
+        unknown = set(body["sampling_params"]) - served.sampling_fields(release)
+        assert not unknown, f"sampling_params {unknown} are not {release.version}'s"
+
+
+def test_meta_info_keys_read(release):
+    read = set()
+    for name in CLIENT_MODULES:
+        read |= keys_read(ENGINES / name, "meta_info") | keys_read(ENGINES / name, "meta")
+    assert {"finish_reason", "completion_tokens", "spec_verify_ct", "hidden_states"} <= read
+    unknown = read - served.meta_info_keys(release)
+    assert not unknown, f"meta_info keys {unknown} are never written by SGLang {release.version}"
+    finish = keys_read(ENGINES / "sglang.py", "finish")
+    assert {"type", "matched"} <= finish
+    unknown = finish - served.finish_reason_keys(release)
+    assert not unknown, f"finish_reason keys {unknown} are not SGLang {release.version}'s"
+
+
+def test_routes_called(release):
+    called = {
+        s.split("?")[0]
+        for name in CLIENT_MODULES + ("sglang_server.py",)
+        for s in string_constants(ENGINES / name)
+        if s.startswith("/") and s[1:2].isalpha() and " " not in s
+    }
+    assert {"/generate", "/health", "/server_info", "/model_info", "/metrics"} <= called
+    older = set(sglang_bench.INFO_PATHS[1:])  # fallbacks for servers older than the supported
+    missing = called - served.routes(release) - older
+    assert not missing, f"SGLang {release.version} serves no {missing}"
+
+
+def every_server_arg_set() -> config.SGLangLaunchParams:
+    """Launch params with every typed server argument set to a value that emits its flag."""
+    values = {
+        f.name: (True if f.type in ("bool", bool) else 1)
+        for f in dataclasses.fields(config.SGLangServerArgs)
+    }
+    return config.SGLangLaunchParams(server_args=config.SGLangServerArgs(**values))
+
+
+def test_launch_flags(release):
+    target = config.TargetParams(path="/models/target", trust_remote_code=True)
+    passed = [a for a in server_command(every_server_arg_set(), target) if a.startswith("--")]
+    passed += [a for a in sglang_bench.speculative_args("D", 3) if a.startswith("--")]
+    assert len(passed) >= len(dataclasses.fields(config.SGLangServerArgs)) + 6
+    unknown = set(passed) - served.launch_flags(release)
+    assert not unknown, f"launch_server {release.version} has no flag(s) {sorted(unknown)}"
+    unknown = set(sglang_bench.SPECULATIVE_FIELDS) - served.server_args_fields(release)
+    assert not unknown, f"ServerArgs {release.version} has no field(s) {unknown}"
+    reported = {"version", "model_path", *sglang_bench.SPECULATIVE_FIELDS}
+    unknown = reported - served.server_info_keys(release)
+    assert not unknown, f"/server_info of {release.version} reports no {unknown}"
+
+
+def test_flags_named_in_messages(release):
+    """Flags the launcher, the served benchmark and the server's error texts tell a user to
+    pass; the canary's served reference (SGLang >= 0.5.23) is checked on its own below."""
+    for name in ("sglang_server.py", "sglang_bench.py", "sglang.py"):
+        named = {f for s in string_constants(ENGINES / name) for f in served.FLAG.findall(s)}
+        unknown = named - served.launch_flags(release)
+        assert not unknown, f"{name} names {sorted(unknown)}, no flags of {release.version}"
+
+
+def test_served_reference_flags(release):
+    """The canary's served reference needs --enable-return-aux-hidden-states: the releases that
+    have it must have every flag it names; the others must be refused by version."""
+    named = set(served.FLAG.findall(served_hidden.served_flags([1, 2, 3])))
+    named |= {
+        f for s in string_constants(ENGINES / "served_hidden.py") for f in served.FLAG.findall(s)
+    }
+    flags = served.launch_flags(release)
+    if "--enable-return-aux-hidden-states" in flags:
+        assert named <= flags, f"{sorted(named - flags)} are no flags of {release.version}"
+        assert served_hidden.serves_aux(release.version)
+    else:
+        assert not served_hidden.serves_aux(release.version)
+
+
+def test_metrics_read(release):
+    read = {s for s in string_constants(ENGINES / "monitor.py") if s.startswith("sglang:")}
+    assert read, "monitor.py reads no sglang: metric"
+    unknown = read - served.metric_names(release)
+    assert not unknown, f"SGLang {release.version} registers no metric {unknown}"
