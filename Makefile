@@ -7,7 +7,7 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: setup demo check test test-fast kill-sweep lock target prompts clean sglang-releases
+.PHONY: setup demo check test test-fast kill-sweep lock target prompts clean sglang-releases params-doc
 
 # Every other package at the version in constraints.txt (the versions CI ran with).
 $(BIN)/.installed: pyproject.toml constraints.txt
@@ -56,6 +56,11 @@ lock: setup
 	{ sed -n 1,2p constraints.txt; $(BIN)/pip freeze --exclude-editable \
 	  | grep -v "^torch==\|^nvidia-\|^triton==\|^eagle-pipeline"; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
+
+# docs/params.md from the typed params in stages/config.py (tests/test_params_doc.py fails when
+# it is stale).
+params-doc: setup
+	$(BIN)/python tools/params_doc.py
 
 # Rebuild the committed demo target and prompt files (not part of `dvc repro`).
 target: setup

@@ -45,167 +45,290 @@ def check_env_name(value: str | None, key: str) -> None:
 DATASET_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 
-@dataclass(frozen=True)
-class TargetParams:
-    path: str
-    chat_template: str | None = None  # a Jinja file, for models that ship none
-    template_kwargs: dict = field(default_factory=dict)  # e.g. {thinking: true}
-    roles: dict = field(default_factory=dict)  # role -> token string, overrides what is learned
-    trust_remote_code: bool = False
-    device: str = "auto"
-    dtype: str = "auto"
-    cpu_threads: int | None = None  # torch threads on CPU; None = torch's default
+def param(
+    default: Any = dataclasses.MISSING,
+    help: str = "",
+    *,
+    factory: Any = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+) -> Any:
+    """One params.yaml key: its default, what it does (docs/params.md is generated from this
+    text by tools/params_doc.py) and the range a number must lie in (checked with its type)."""
+    bounds = {"ge": ge, "gt": gt, "le": le}
+    metadata = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
-@dataclass(frozen=True)
-class PrepParams:
-    format: str
-    path: str
-    columns: dict | None = None
-    max_samples: int | None = None
-    max_prompt_tokens: int = 2048  # all_turns: the limit of every turn's prompt
-    skip_bad_rows: bool = False
-    seed: int = 0
-    # last_turn: the target writes the reply to the last user turn or tool result;
-    # all_turns: every assistant turn in order, each on the target's own earlier turns, the
-    # later prompts built by concatenating ids; all_turns_rendered: the same, the later prompts
-    # rendered by the chat template from the conversation so far (as a chat client and server)
-    regenerate: Literal["last_turn", "all_turns", "all_turns_rendered"] = "last_turn"
+class Ranged:
+    """Checks the ranges of its param() keys when built directly in code too (build() checks them
+    first, with the key's whole dotted path); KEY names the section in such errors."""
 
-
-@dataclass(frozen=True)
-class DatasetGenerateParams:
-    budget_tokens: int = 10_000_000
-
-
-@dataclass(frozen=True)
-class ExpectParams:
-    """What the quality gate demands of a dataset's outputs."""
-
-    reasoning: bool = True
-    tool_calls: bool = False
-
-
-@dataclass(frozen=True)
-class DatasetParams:
-    prep: PrepParams
-    generate: DatasetGenerateParams = field(default_factory=DatasetGenerateParams)
-    expect: ExpectParams = field(default_factory=ExpectParams)
-
-
-@dataclass(frozen=True)
-class SGLangServerArgs:
-    """Flags of `python -m sglang.launch_server`, named as SGLang names them (None: its default)."""
-
-    host: str = "127.0.0.1"
-    port: int = 30000
-    tp_size: int = 1
-    dp_size: int = 1
-    mem_fraction_static: float | None = None
-    context_length: int | None = None
-    max_running_requests: int | None = None
-    kv_cache_dtype: str = "auto"
-    enable_hierarchical_cache: bool = False
-    hicache_size: int | None = None  # GB of host memory per rank for the hierarchical cache
-    enable_metrics: bool = True
-    skip_tokenizer_init: bool = False
-
-
-@dataclass(frozen=True)
-class SGLangLaunchParams:
-    """Start one server for the stage and stop it when the stage ends."""
-
-    model_path: str | None = None  # None: target.path
-    module: str = "sglang.launch_server"  # stages.engines.hf_server serves the same API on CPU
-    server_args: SGLangServerArgs = field(default_factory=SGLangServerArgs)
-    extra_args: list[str] = field(default_factory=list)  # any other launch_server flags
-    health_timeout_s: float = 1800.0
-    log_file: str | None = None  # None: a temporary file, printed at launch
-
-
-@dataclass(frozen=True)
-class SGLangParams:
-    urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:30000"])
-    concurrency: int = 256  # requests in flight per server
-    timeout_s: float = 3600.0  # longest wait for one reply (long reasoning takes minutes)
-    connect_timeout_s: float = 10.0
-    max_retries: int = 8  # per request, on connection loss, timeouts, 5xx, 408 and 429
-    backoff_s: float = 1.0  # first retry delay; doubles per retry, full jitter
-    backoff_max_s: float = 60.0
-    launch: SGLangLaunchParams | None = None  # None: use the servers already running at urls
-    # the NAME of the environment variable holding the servers' API key (SGLang's --api-key),
-    # sent as `Authorization: Bearer <key>`; None: no key. Never the key itself.
-    api_key_env: str | None = None
+    KEY: typing.ClassVar[str] = ""
 
     def __post_init__(self) -> None:
+        prefix = self.KEY or type(self).__name__
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            _check_range(getattr(self, f.name), f, f"{prefix}.{f.name}")
+
+
+@dataclass(frozen=True)
+class TargetParams(Ranged):
+    """The model whose outputs the drafter learns."""
+
+    KEY = "target"
+
+    path: str = param(help="Local Hugging Face directory of the target (weights and tokenizer).")
+    chat_template: str | None = param(
+        None, "A Jinja chat-template file, for models that ship none (null: the model's own)."
+    )
+    template_kwargs: dict = param(
+        help="Passed to apply_chat_template, e.g. {thinking: true}.", factory=dict
+    )
+    roles: dict = param(
+        help="Token-role overrides (role -> token string, e.g. {end_of_turn: '<|im_end|>'}); "
+        "the rest is learned from the tokenizer.",
+        factory=dict,
+    )
+    trust_remote_code: bool = param(False, "Run the model's own code from its directory.")
+    device: str = param("auto", "auto | cpu | cuda | cuda:N.")
+    dtype: str = param(
+        "auto", "auto (bf16 on a GPU, fp32 on the CPU) | float32 | bfloat16 | float16."
+    )
+    cpu_threads: int | None = param(None, "torch threads on the CPU (null: torch's default).", ge=1)
+
+
+@dataclass(frozen=True)
+class PrepParams(Ranged):
+    """Where a dataset's prompts come from and how they are cut."""
+
+    format: str = param(help="The source adapter: the dataset's format (see stages/sources).")
+    path: str = param(help="The file (or folder) of the dataset.")
+    columns: dict | None = param(None, "Column overrides of the adapter (null: its defaults).")
+    max_samples: int | None = param(None, "At most this many prompts (null: all).", ge=1)
+    max_prompt_tokens: int = param(
+        2048, "Longest prompt kept, in tokens (all_turns: of every turn's prompt).", ge=1
+    )
+    skip_bad_rows: bool = param(False, "Skip malformed rows (counted) instead of failing.")
+    seed: int = param(0, "Seed of the sample order.")
+    regenerate: Literal["last_turn", "all_turns", "all_turns_rendered"] = param(
+        "last_turn",
+        "last_turn: the target writes the reply to the last user turn or tool result; "
+        "all_turns: every assistant turn in order, each on the target's own earlier turns, a "
+        "later prompt the earlier ids concatenated (one training sequence per conversation; "
+        "refused for templates that render history differently); all_turns_rendered: the same "
+        "turns, a later prompt rendered by the chat template from the conversation so far (one "
+        "training sequence per turn).",
+    )
+
+
+@dataclass(frozen=True)
+class DatasetGenerateParams(Ranged):
+    """How much of a dataset to generate."""
+
+    budget_tokens: int = param(
+        10_000_000, "Stop generating this dataset once its outputs hold this many tokens.", ge=1
+    )
+
+
+@dataclass(frozen=True)
+class ExpectParams(Ranged):
+    """What the quality gate demands of a dataset's outputs."""
+
+    reasoning: bool = param(
+        True,
+        "true: every generation prompt opens reasoning or leaves it to the target; false: none "
+        "opens it (prep fails otherwise), and the gate checks reasoning closes.",
+    )
+    tool_calls: bool = param(False, "The gate demands tool calls in this dataset's outputs.")
+
+
+@dataclass(frozen=True)
+class DatasetParams(Ranged):
+    """One entry of `datasets`: a prep@<name> and a generate@<name> stage."""
+
+    prep: PrepParams = param(help="Where the prompts come from.")
+    generate: DatasetGenerateParams = param(
+        help="This dataset's generation budget.", factory=DatasetGenerateParams
+    )
+    expect: ExpectParams = param(help="What the quality gate demands.", factory=ExpectParams)
+
+
+@dataclass(frozen=True)
+class SGLangServerArgs(Ranged):
+    """Flags of `python -m sglang.launch_server`, named as SGLang names them (null: its default);
+    each set key becomes `--key-name value`, `true` a bare flag."""
+
+    host: str = param("127.0.0.1", "The address the server binds.")
+    port: int = param(30000, "Its port.", ge=1, le=65535)
+    tp_size: int = param(1, "Tensor-parallel GPUs per server.", ge=1)
+    dp_size: int = param(1, "Data-parallel replicas inside the server.", ge=1)
+    mem_fraction_static: float | None = param(
+        None, "GPU memory share for weights and the KV cache.", gt=0, le=1
+    )
+    context_length: int | None = param(None, "The longest prompt + reply.", ge=1)
+    max_running_requests: int | None = param(None, "Requests decoded at once.", ge=1)
+    kv_cache_dtype: str = param("auto", "auto | bf16 | fp8_e4m3 | ...")
+    enable_hierarchical_cache: bool = param(False, "Spill the KV cache to host memory.")
+    hicache_size: int | None = param(
+        None, "GB of host memory per rank for the hierarchical cache.", ge=1
+    )
+    enable_metrics: bool = param(True, "Serve /metrics (the generate stage's monitor reads it).")
+    skip_tokenizer_init: bool = param(False, "No tokenizer in the server (ids only).")
+
+
+@dataclass(frozen=True)
+class SGLangLaunchParams(Ranged):
+    """Start one server for the stage and stop it when the stage ends."""
+
+    model_path: str | None = param(None, "What the server serves (null: target.path).")
+    module: str = param(
+        "sglang.launch_server",
+        "The server's module; stages.engines.hf_server serves the same API on the CPU.",
+    )
+    server_args: SGLangServerArgs = param(help="The server's flags.", factory=SGLangServerArgs)
+    extra_args: list[str] = param(
+        help="Any other launch_server flags, e.g. [--chunked-prefill-size, '8192'].", factory=list
+    )
+    health_timeout_s: float = param(1800.0, "Longest wait for /health after the start.", gt=0)
+    log_file: str | None = param(None, "The server's log (null: a temporary file, printed).")
+
+
+@dataclass(frozen=True)
+class SGLangParams(Ranged):
+    """The SGLang servers the generate stage sends /generate requests to."""
+
+    KEY = "generate.sglang"
+
+    urls: list[str] = param(
+        help="One or more servers (or one sglang_router).",
+        factory=lambda: ["http://127.0.0.1:30000"],
+    )
+    concurrency: int = param(256, "Requests in flight per server.", ge=1)
+    timeout_s: float = param(
+        3600.0, "Longest wait for one reply (long reasoning takes minutes).", gt=0
+    )
+    connect_timeout_s: float = param(10.0, "Longest wait for a connection.", gt=0)
+    max_retries: int = param(
+        8,
+        "Retries per request on connection loss, timeouts, 5xx, 408 and 429 (never other 4xx).",
+        ge=0,
+    )
+    backoff_s: float = param(1.0, "First retry delay; doubles per retry, with full jitter.", gt=0)
+    backoff_max_s: float = param(60.0, "Longest retry delay.", gt=0)
+    launch: SGLangLaunchParams | None = param(
+        None, "Start a server for the stage (null: use the servers already at urls)."
+    )
+    api_key_env: str | None = param(
+        None,
+        "The NAME of the environment variable holding the servers' key (SGLang's --api-key), "
+        "sent as `Authorization: Bearer <key>`; never the key itself (null: no key).",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         check_env_name(self.api_key_env, "generate.sglang.api_key_env")
 
 
 @dataclass(frozen=True)
-class GenerateParams:
-    engine: Literal["hf", "sglang"] = "hf"
-    batch_size: int = 16
-    max_new_tokens: int = 1024
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int = 0
-    append_every: int = 64  # samples per atomic append to the output
-    sglang: SGLangParams = field(default_factory=SGLangParams)
+class GenerateParams(Ranged):
+    """How the target writes the responses."""
+
+    KEY = "generate"
+
+    engine: Literal["hf", "sglang"] = param(
+        "hf", "hf: transformers in-process; sglang: the servers' raw-token /generate."
+    )
+    batch_size: int = param(16, "Prompts decoded together by the hf engine.", ge=1)
+    max_new_tokens: int = param(1024, "Longest reply, in tokens.", ge=1)
+    temperature: float = param(0.0, "Sampling temperature (0: greedy).", ge=0)
+    top_p: float = param(1.0, "Nucleus sampling mass.", gt=0, le=1)
+    top_k: int = param(-1, "Sample among the k likeliest tokens (-1: the whole vocabulary).", ge=-1)
+    seed: int = param(0, "Sampling seed (each sample's own is derived from it).")
+    append_every: int = param(
+        64, "Samples per atomic append to the output (a kill loses at most these).", ge=1
+    )
+    sglang: SGLangParams = param(help="Used when engine is sglang.", factory=SGLangParams)
 
 
 MIN_MERGE_MEMORY_GB = 2.0
 
 
 @dataclass(frozen=True)
-class MergeParams:
-    seed: int = 0
-    eval_fraction: float = 0.05
-    max_length: int = 4096
-    # DuckDB's buffers; what does not fit goes to a temporary folder inside the output folder
-    # (the process peaks about 0.5 GB above this, whatever the data's size); shapes no output
-    memory_limit_gb: float = 4.0
-    # DuckDB's workers planning and checking (one writes the split files); None: every core
-    # this process may use
-    threads: int | None = None
+class MergeParams(Ranged):
+    """Dedupe, shuffle, split and cut the generated samples."""
 
-    def __post_init__(self) -> None:
-        if self.memory_limit_gb < MIN_MERGE_MEMORY_GB:
-            raise ParamsError(
-                f"merge.memory_limit_gb: {self.memory_limit_gb} is below "
-                f"{MIN_MERGE_MEMORY_GB}, the least the merge's sort and joins run in"
-            )
-        if self.threads is not None and self.threads < 1:
-            raise ParamsError(f"merge.threads: {self.threads} must be >= 1 (or null: every core)")
+    KEY = "merge"
+
+    seed: int = param(0, "Seed of the shuffle and the split.")
+    eval_fraction: float = param(0.05, "Share of samples held out for evaluation.", ge=0, le=1)
+    max_length: int = param(4096, "Longest training sequence, in tokens.", ge=1)
+    memory_limit_gb: float = param(
+        4.0,
+        "DuckDB's buffers; what does not fit goes to a temporary folder inside the output "
+        "folder. Shapes no output.",
+        ge=MIN_MERGE_MEMORY_GB,
+    )
+    threads: int | None = param(
+        None, "DuckDB's workers (one writes the split files); null: every core.", ge=1
+    )
 
 
 @dataclass(frozen=True)
-class QualityParams:
-    min_reasoning_closed: float = 0.9  # per dataset expecting reasoning
-    max_empty_reasoning: float = 0.5
-    max_truncated: float = 0.1
-    min_tool_call_share: float = 0.5  # per dataset expecting tool calls
-    max_unbalanced_tool_calls: float = 0.0
-    max_failed: float = 0.05
-    histogram_buckets: int = 10
+class QualityParams(Ranged):
+    """The gate before the expensive stages: each rate against its threshold."""
+
+    KEY = "quality"
+
+    min_reasoning_closed: float = param(
+        0.9, "Share of outputs whose reasoning closes (datasets expecting reasoning).", ge=0, le=1
+    )
+    max_empty_reasoning: float = param(0.5, "Share of empty reasoning allowed.", ge=0, le=1)
+    max_truncated: float = param(0.1, "Share of outputs cut at max_new_tokens allowed.", ge=0, le=1)
+    min_tool_call_share: float = param(
+        0.5, "Share of outputs with a tool call (datasets expecting tool calls).", ge=0, le=1
+    )
+    max_unbalanced_tool_calls: float = param(
+        0.0, "Share of outputs with an unclosed tool call allowed.", ge=0, le=1
+    )
+    max_failed: float = param(0.05, "Share of failed generations allowed.", ge=0, le=1)
+    histogram_buckets: int = param(10, "Buckets of the length histograms.", ge=1)
 
 
 @dataclass(frozen=True)
-class VocabParams:
-    draft_vocab_size: int = 32000
+class VocabParams(Ranged):
+    """The draft's vocabulary."""
+
+    KEY = "vocab"
+
+    draft_vocab_size: int = param(
+        32000, "Target ids the drafter can propose (the most frequent supervised ones).", ge=1
+    )
 
 
 @dataclass(frozen=True)
-class ExtractSGLangParams:
+class ExtractSGLangParams(Ranged):
     """The `sglang` capture engine: SGLang's model runner in-process, one rank per GPU under
     `torchrun --nproc-per-node tp_size`, tensor parallel over the ranks."""
 
-    tp_size: int = 8  # tensor-parallel ranks: torchrun must start exactly this many processes
-    ep_size: int = 1  # expert-parallel size for MoE targets (divides tp_size)
-    mem_fraction_static: float = 0.85  # GPU memory share for weights and the KV pool
-    max_tokens_per_forward: int = 32768  # samples are packed by length up to this many tokens
+    KEY = "extract.sglang"
+
+    tp_size: int = param(8, "Tensor-parallel ranks: torchrun must start exactly this many.", ge=1)
+    ep_size: int = param(1, "Expert-parallel size for MoE targets (divides tp_size).", ge=1)
+    mem_fraction_static: float = param(
+        0.85, "GPU memory share for weights and the KV pool.", gt=0, le=1
+    )
+    max_tokens_per_forward: int = param(
+        32768,
+        "Samples are packed by length up to this many tokens (a longer one runs alone).",
+        ge=1,
+    )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.tp_size < 1 or self.ep_size < 1 or self.tp_size % self.ep_size:
             raise ParamsError(
                 f"extract.sglang: ep_size {self.ep_size} must divide tp_size {self.tp_size} "
@@ -220,17 +343,30 @@ class ExtractSGLangParams:
 
 
 @dataclass(frozen=True)
-class ExtractCanaryParams:
+class ExtractCanaryParams(Ranged):
     """`python -m stages.canary`: the configured engine against a second source."""
 
-    reference: Literal["hf", "http"] = "hf"  # hf: transformers on a target that fits; http: a
-    url: str | None = None  # SGLang >= 0.5.23 server with --enable-return-aux-hidden-states
-    hf_device: str = "cpu"  # where the hf reference runs (the GPUs hold the engine)
-    max_rel_error: float = 0.05  # per layer: ||got - ref|| / ||ref|| over the samples' tokens
-    timeout_s: float = 600.0  # per HTTP request
-    api_key_env: str | None = None  # the NAME of the env variable holding the server's key
+    KEY = "extract.canary"
+
+    reference: Literal["hf", "http"] = param(
+        "hf",
+        "hf: transformers on a target that fits; http: a SGLang 0.5.23 server launched with "
+        "--enable-return-aux-hidden-states (the canary prints the flags), aux layers only.",
+    )
+    url: str | None = param(None, "The http reference's server.")
+    hf_device: str = param("cpu", "Where the hf reference runs (the GPUs hold the engine).")
+    max_rel_error: float = param(
+        0.05,
+        "Per layer, ||got - ref|| / ||ref|| over the samples' tokens; above it: exit 1.",
+        gt=0,
+    )
+    timeout_s: float = param(600.0, "Per HTTP request.", gt=0)
+    api_key_env: str | None = param(
+        None, "The NAME of the environment variable holding the server's key."
+    )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_env_name(self.api_key_env, "extract.canary.api_key_env")
         if self.reference == "http" and not self.url:
             raise ParamsError("extract.canary.url: required when reference is http")
@@ -239,26 +375,45 @@ class ExtractCanaryParams:
 
 
 @dataclass(frozen=True)
-class ExtractParams:
-    engine: Literal["hf", "sglang"] = "hf"  # hf: a full target per process; sglang: TP capture
-    layers: list[int] | None = None  # HF hidden_states indices; None = [2, N//2, N-3]
-    shard_tokens: int = 65536  # tokens per safetensors shard (the unit of resume)
-    batch_tokens: int = 16384  # tokens per forward, samples packed in order (hf engine)
-    compile: bool = False  # torch.compile each decoder layer (hf; one graph for every length)
-    writers: int = 3  # threads writing shards (write + sha256, fsync); buffers: writers + 2
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"  # storage dtype of the features
-    splits: list[str] = field(default_factory=lambda: ["train", "eval"])
-    # all: every row's features; supervised: only what the loss reads (rows up to each sample's
-    # last supervised token, the final state only where the next token is supervised); none:
-    # token ids only, train runs the target on each batch (online; a target beside the draft)
-    store: Literal["all", "supervised", "none"] = "all"
-    sglang: ExtractSGLangParams = field(default_factory=ExtractSGLangParams)
-    canary: ExtractCanaryParams = field(default_factory=ExtractCanaryParams)
+class ExtractParams(Ranged):
+    """The target's hidden states of every merged sample."""
+
+    KEY = "extract"
+
+    engine: Literal["hf", "sglang"] = param(
+        "hf",
+        "hf: a whole target per process (data parallel under torchrun); sglang: SGLang's model "
+        "runner in-process, tensor parallel over torchrun's ranks.",
+    )
+    layers: list[int] | None = param(
+        None, "HF hidden_states indices of the aux layers (null: [2, N//2, N-3])."
+    )
+    shard_tokens: int = param(65536, "Tokens per safetensors shard (the unit of resume).", ge=1)
+    batch_tokens: int = param(
+        16384, "Tokens per forward (hf): samples packed in order, none padded.", ge=1
+    )
+    compile: bool = param(
+        False, "hf: torch.compile each decoder layer (the first forward compiles)."
+    )
+    writers: int = param(
+        3, "Threads writing shards (serialise, fsync, sha256); host buffers: writers + 2.", ge=1
+    )
+    dtype: Literal["bfloat16", "float32"] = param("bfloat16", "Storage dtype of the features.")
+    splits: list[str] = param(
+        help="The merged splits to extract.", factory=lambda: ["train", "eval"]
+    )
+    store: Literal["all", "supervised", "none"] = param(
+        "all",
+        "all: every row's features; supervised: only what the loss reads; none: token ids only, "
+        "the train stage runs the target on each batch (online).",
+    )
+    sglang: ExtractSGLangParams = param(
+        help="Used when engine is sglang.", factory=ExtractSGLangParams
+    )
+    canary: ExtractCanaryParams = param(help="The canary's reference.", factory=ExtractCanaryParams)
 
     def __post_init__(self) -> None:
-        for key in ("shard_tokens", "batch_tokens", "writers"):
-            if getattr(self, key) < 1:
-                raise ParamsError(f"extract.{key}: {getattr(self, key)} must be >= 1")
+        super().__post_init__()
         if self.store == "none" and self.engine != "hf":
             raise ParamsError(
                 f"extract.store: none runs the target inside the train stage with transformers, "
@@ -268,90 +423,164 @@ class ExtractParams:
 
 
 @dataclass(frozen=True)
-class TrainParams:
-    ttt_steps: int = 7
-    decay: float = 0.8  # weight of TTT step k is decay**k
-    epochs: float = 1.0
-    max_steps: int | None = None  # overrides epochs when set
-    batch_size: int = 8  # samples per optimizer step, over all ranks
-    length_window: int = 16  # batches whose samples are grouped by length (1: a plain shuffle)
-    max_length: int = 2048
-    lr: float = 1e-4
-    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
-    warmup_ratio: float = 0.02
-    weight_decay: float = 0.0
-    grad_clip: float = 0.5
-    eval_every: int = 200  # steps between acceptance evaluations
-    eval_num_steps: int = 3  # chain length the replayed and simulated acceptance use
-    eval_max_samples: int = 256
-    checkpoint_every: int = 200
-    seed: int = 0
-    device: str = "auto"
-    cpu_threads: int | None = None  # torch threads on CPU; None = torch's default
-    compile: bool = False  # torch.compile the whole training objective on a GPU (CPU: eager)
-    fp8: bool = False  # the draft's linear products in FP8 while training (GPUs of sm 8.9+)
-    draft: dict = field(default_factory=dict)  # overrides of the draft layer's shapes
-    sglang_version: str | None = None  # the SGLang serving the drafter; None: ids for every one
+class TrainParams(Ranged):
+    """The EAGLE-3 draft, trained with training-time test."""
+
+    KEY = "train"
+
+    ttt_steps: int = param(7, "Training-time-test unroll (7 in EAGLE-3).", ge=1)
+    decay: float = param(0.8, "Weight of TTT step k is decay**k.", gt=0, le=1)
+    epochs: float = param(1.0, "Passes over the training split.", gt=0)
+    max_steps: int | None = param(None, "Optimizer steps; overrides epochs when set.", ge=1)
+    batch_size: int = param(8, "Samples per optimizer step, over all ranks.", ge=1)
+    length_window: int = param(
+        16,
+        "Each run of this many batches is cut from its samples sorted by length, then "
+        "shuffled, so batches pad little (1: a plain shuffle).",
+        ge=1,
+    )
+    max_length: int = param(2048, "Longest training sequence, in tokens.", ge=1)
+    lr: float = param(1e-4, "Peak learning rate.", gt=0)
+    min_lr_ratio: float = param(0.0, "The cosine decays to lr * min_lr_ratio.", ge=0, le=1)
+    warmup_ratio: float = param(0.02, "Share of the steps warming up.", ge=0, le=1)
+    weight_decay: float = param(0.0, "AdamW weight decay.", ge=0)
+    grad_clip: float = param(0.5, "Gradient-norm clip.", gt=0)
+    eval_every: int = param(200, "Steps between acceptance evaluations.", ge=1)
+    eval_num_steps: int = param(3, "Chain length of the replayed and simulated acceptance.", ge=1)
+    eval_max_samples: int = param(256, "Eval samples per evaluation.", ge=1)
+    checkpoint_every: int = param(200, "Steps between checkpoints (the unit of resume).", ge=1)
+    seed: int = param(0, "Seed of the initialisation and the sample order.")
+    device: str = param("auto", "auto | cpu | cuda | cuda:N.")
+    cpu_threads: int | None = param(None, "torch threads on the CPU (null: torch's default).", ge=1)
+    compile: bool = param(
+        False,
+        "On a GPU, torch.compile the whole objective (TTT unroll, loss, metrics) into one graph; "
+        "the first step compiles (reported as warmup_s). The CPU runs eager.",
+    )
+    fp8: bool = param(
+        False,
+        "With compile: the draft's linear products in FP8 e4m3 with row-wise scales while "
+        "training (GPUs of compute capability 8.9+); evaluation and export stay bf16.",
+    )
+    draft: dict = param(
+        help="Overrides of the draft layer's shapes (default: mirror the target; MLA targets: "
+        "head_dim 128, kv heads = heads), and rope: mirror | plain.",
+        factory=dict,
+    )
+    sglang_version: str | None = param(
+        None,
+        "The SGLang release serving the drafter (e.g. '0.5.23'); null: layer ids and rope that "
+        "every release serves alike, else refused before training.",
+    )
 
 
 @dataclass(frozen=True)
-class BenchmarkSource:
-    format: str
-    path: str
-    columns: dict | None = None
+class BenchmarkSource(Ranged):
+    """An extra prompt file for the benchmark."""
+
+    format: str = param(help="Its format (a source adapter, e.g. mt_bench).")
+    path: str = param(help="The file.")
+    columns: dict | None = param(None, "Column overrides of the adapter.")
 
 
 @dataclass(frozen=True)
-class BenchmarkSGLangParams:
+class BenchmarkSGLangParams(Ranged):
     """The drafter on SGLang: the target served with the drafter and without, measured alike.
 
     Either attach to two running servers (`spec_url`, `base_url`) or `launch` them from params,
     one after the other on the same host and port, so they never share the GPUs.
     """
 
-    spec_url: str | None = None  # the target served with --speculative-algorithm EAGLE3 ...
-    base_url: str | None = None  # the same target served without speculation
-    launch: SGLangLaunchParams | None = None  # instead of the urls: start each server in turn
-    concurrency: int = 16  # requests in flight per server while measuring
-    timeout_s: float = 3600.0  # longest wait for one reply
-    max_retries: int = 2  # per request; retries are reported, since they cost throughput
-    api_key_env: str | None = None  # the NAME of the env variable holding the servers' key
+    KEY = "benchmark.sglang"
+
+    spec_url: str | None = param(
+        None, "A running server of the target with this drafter (--speculative-algorithm EAGLE3)."
+    )
+    base_url: str | None = param(None, "A running server of the same target without speculation.")
+    launch: SGLangLaunchParams | None = param(
+        None, "Instead of the urls: start each server in turn (the speculative flags are added)."
+    )
+    concurrency: int = param(16, "Requests in flight per server while measuring.", ge=1)
+    timeout_s: float = param(3600.0, "Longest wait for one reply.", gt=0)
+    max_retries: int = param(2, "Retries per request (reported: they cost throughput).", ge=0)
+    api_key_env: str | None = param(
+        None, "The NAME of the environment variable holding the servers' key."
+    )
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_env_name(self.api_key_env, "benchmark.sglang.api_key_env")
 
 
 @dataclass(frozen=True)
-class BenchmarkParams:
-    mode: Literal["hf", "sglang"] = "hf"  # in-process transformers | SGLang servers
-    num_steps: int = 3  # chain drafting depth (topk 1): num_steps + 1 tokens verified at most
-    temperatures: list[float] = field(default_factory=lambda: [0.0, 0.7])
-    max_new_tokens: int = 256
-    max_prompts: int = 8  # per dataset
-    seed: int = 0
-    datasets: dict[str, BenchmarkSource] = field(default_factory=dict)  # extra prompt files
-    sglang: BenchmarkSGLangParams = field(default_factory=BenchmarkSGLangParams)
+class BenchmarkParams(Ranged):
+    """Acceptance length (and, served, speedup) of the trained drafter."""
 
+    KEY = "benchmark"
 
-@dataclass(frozen=True)
-class CardParams:
-    """The drafter's model card (Hugging Face front matter and title)."""
-
-    title: str | None = None  # None: "EAGLE-3 draft model for <target>"
-    base_model: str | None = None  # the target's Hugging Face id; None: its local path, no key
-    license: str = "apache-2.0"
-    tags: list[str] = field(
-        default_factory=lambda: ["eagle3", "speculative-decoding", "draft-model"]
+    mode: Literal["hf", "sglang"] = param(
+        "hf", "hf: in-process transformers, no GPU needed; sglang: served, with throughput."
+    )
+    num_steps: int = param(
+        3, "Chain drafting depth (topk 1): num_steps + 1 tokens verified at most.", ge=1
+    )
+    temperatures: list[float] = param(help="Temperatures measured.", factory=lambda: [0.0, 0.7])
+    max_new_tokens: int = param(256, "Reply length per prompt.", ge=1)
+    max_prompts: int = param(8, "Prompts per dataset.", ge=1)
+    seed: int = param(0, "Sampling seed.")
+    datasets: dict[str, BenchmarkSource] = param(
+        help="Extra prompt files, e.g. {mt_bench: {format: mt_bench, path: ...}}.", factory=dict
+    )
+    sglang: BenchmarkSGLangParams = param(
+        help="Used when mode is sglang.", factory=BenchmarkSGLangParams
     )
 
 
 @dataclass(frozen=True)
-class ReportParams:
-    samples_per_dataset: int = 3  # sample records shown per dataset
-    prompt_tokens: int = 256  # the end of each sample's prompt shown, in tokens
-    max_chars: int = 4000  # per part of a sample (reasoning, answer, ...), the rest cut
-    max_failures: int = 100  # failed turns listed with their messages
-    card: CardParams = field(default_factory=CardParams)
+class CardParams(Ranged):
+    """The drafter's model card (Hugging Face front matter and title)."""
+
+    KEY = "report.card"
+
+    title: str | None = param(None, "Its title (null: 'EAGLE-3 draft model for <target>').")
+    base_model: str | None = param(
+        None, "The target's Hugging Face id, e.g. moonshotai/Kimi-K2.5 (null: no base_model key)."
+    )
+    license: str = param("apache-2.0", "The card's license.")
+    tags: list[str] = param(
+        help="The card's tags.", factory=lambda: ["eagle3", "speculative-decoding", "draft-model"]
+    )
+
+
+@dataclass(frozen=True)
+class ReportParams(Ranged):
+    """reports/index.html, reports/metrics.json and models/card/README.md."""
+
+    KEY = "report"
+
+    samples_per_dataset: int = param(3, "Sample records shown per dataset, decoded.", ge=0)
+    prompt_tokens: int = param(256, "The end of each sample's prompt shown, in tokens.", ge=0)
+    max_chars: int = param(
+        4000, "Per part of a sample (reasoning, answer, tool calls); the rest is cut.", ge=1
+    )
+    max_failures: int = param(100, "Failed turns listed with their messages.", ge=0)
+    card: CardParams = param(help="The drafter's model card.", factory=CardParams)
+
+
+# The top-level sections of params.yaml and their typed view (`datasets`: one DatasetParams per
+# named dataset).
+SECTIONS: dict[str, type] = {
+    "target": TargetParams,
+    "datasets": DatasetParams,
+    "generate": GenerateParams,
+    "merge": MergeParams,
+    "quality": QualityParams,
+    "vocab": VocabParams,
+    "extract": ExtractParams,
+    "train": TrainParams,
+    "benchmark": BenchmarkParams,
+    "report": ReportParams,
+}
 
 
 def _check(value: Any, tp: Any, key: str) -> Any:
@@ -392,6 +621,27 @@ def _check(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+def _check_range(value: Any, f: dataclasses.Field, key: str) -> None:
+    """A number outside the key's range (param's ge / gt / le) names the key and the range."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    ge, gt, le = (f.metadata.get(k) for k in ("ge", "gt", "le"))
+    if (
+        (ge is not None and value < ge)
+        or (gt is not None and value <= gt)
+        or (le is not None and value > le)
+    ):
+        raise ParamsError(f"{key}: {value!r} is out of range; allowed: {allowed_range(f)}")
+
+
+def allowed_range(f: dataclasses.Field) -> str:
+    """The range a key's number must lie in, as docs/params.md and errors write it."""
+    ge, gt, le = (f.metadata.get(k) for k in ("ge", "gt", "le"))
+    low = f">= {ge:g}" if ge is not None else f"> {gt:g}" if gt is not None else ""
+    high = f"<= {le:g}" if le is not None else ""
+    return " and ".join(p for p in (low, high) if p)
+
+
 def build(cls: type, raw: Any, key: str):
     """Build dataclass `cls` from a params mapping; unknown or missing keys name their path."""
     if raw is None:
@@ -415,6 +665,7 @@ def build(cls: type, raw: Any, key: str):
                 ) from None
         elif name in raw:
             values[name] = _check(raw[name], hints[name], f"{key}.{name}")
+            _check_range(values[name], f, f"{key}.{name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ParamsError(f"{key}.{name}: required key is missing")
     return cls(**values)

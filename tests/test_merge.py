@@ -111,8 +111,8 @@ def test_a_row_whose_lengths_are_not_its_ids_fails_naming_it(tmp_path):
 @pytest.mark.parametrize(
     "values, needle",
     [
-        (dict(memory_limit_gb=1.0), "merge.memory_limit_gb: 1.0 is below 2.0"),
-        (dict(threads=0), "merge.threads: 0 must be >= 1"),
+        (dict(memory_limit_gb=1.0), r"merge.memory_limit_gb: 1.0 is out of range; allowed: >= 2"),
+        (dict(threads=0), r"merge.threads: 0 is out of range; allowed: >= 1"),
     ],
 )
 def test_memory_settings_out_of_range_name_the_key(values, needle):

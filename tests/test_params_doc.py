@@ -1,0 +1,70 @@
+"""docs/params.md is generated from the typed params and current; every key says what it does;
+a number out of its key's range stops the build naming the key and the range."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from stages import config
+from tests.conftest import ROOT
+
+
+def params_doc():
+    spec = importlib.util.spec_from_file_location("params_doc", ROOT / "tools" / "params_doc.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_page_is_current():
+    doc = params_doc()
+    assert (ROOT / "docs" / "params.md").read_text() == doc.render(), (
+        "docs/params.md is stale: run `python tools/params_doc.py`"
+    )
+    assert doc.main(["--check"]) == 0
+
+
+def test_every_key_says_what_it_does_and_every_section_is_there():
+    doc = params_doc()
+    assert doc.undocumented() == []
+    page = doc.render()
+    for section in config.SECTIONS:
+        assert f"## `{section}" in page
+    # every key params.yaml sets appears on the page under its section
+    raw = config.load_params(ROOT / "params.yaml")
+    for section, values in raw.items():
+        if section == "datasets":
+            continue
+        for key in values:
+            assert f"| `{key}` |" in page, f"{section}.{key}"
+
+
+def test_a_changed_help_text_makes_the_page_stale(monkeypatch):
+    doc = params_doc()
+    before = doc.render()
+    field = next(f for f in config.dataclasses.fields(config.VocabParams))
+    monkeypatch.setattr(field, "metadata", {**field.metadata, "help": "Something else."})
+    assert doc.render() != before
+
+
+@pytest.mark.parametrize(
+    "section, values, says",
+    [
+        ("train", {"batch_size": 0}, "train.batch_size: 0 is out of range; allowed: >= 1"),
+        ("generate", {"top_p": 1.5}, "generate.top_p: 1.5 is out of range; allowed: > 0 and <= 1"),
+        ("merge", {"eval_fraction": -0.1}, "merge.eval_fraction: -0.1 is out of range"),
+        (
+            "quality",
+            {"max_failed": 2},
+            "quality.max_failed: 2.0 is out of range; allowed: >= 0 and <= 1",
+        ),
+    ],
+)
+def test_a_number_out_of_range_names_the_key(section, values, says, tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text(config.yaml.safe_dump({section: values}))
+    with pytest.raises(config.ParamsError) as err:
+        config.section(config.SECTIONS[section], section, params)
+    assert says in str(err.value)
