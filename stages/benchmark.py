@@ -41,12 +41,12 @@ from .engines.sglang_bench import (
     speculative_args,
 )
 from .engines.sglang_server import is_healthy, launch_command
-from .launch import server_command, start_launched
 from .runtime.io import remove_stale_temps_around, write_csv, write_json
 from .sources import SourceError, prompt_messages, read_conversations
 from .target.model import load_causal_lm
 from .target.tokenizer import render_prompt
-from .wiring import api_key, target_roles, target_tokenizer
+from .wiring.engines import server_command, start_launched
+from .wiring.target import api_key, target_roles, target_tokenizer
 
 
 def eval_prompts(eval_file: Path, limit: int) -> dict[str, list[list[int]]]:

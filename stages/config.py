@@ -344,7 +344,7 @@ class ExtractSGLangParams(Ranged):
 
 @dataclass(frozen=True)
 class ExtractCanaryParams(Ranged):
-    """`python -m stages.canary`: the configured engine against a second source."""
+    """`python -m stages.commands.canary`: the configured engine against a second source."""
 
     KEY = "extract.canary"
 

@@ -25,9 +25,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -42,8 +41,10 @@ from .artifacts.hidden import (
     shard_problem,
     shard_rows,
 )
+from .capture.buffers import FeatureBuffers
+from .capture.interface import Capture
+from .capture.shards import CaptureTimes, ShardCapture, leading_rows, timed_rate
 from .cli import PathOpt, params_key, run
-from .drafter.layers import default_aux_indices
 from .runtime import parallel
 from .runtime.device import resolve_device
 from .runtime.io import (
@@ -55,57 +56,8 @@ from .runtime.io import (
     remove_with_checksum,
     write_json,
 )
-from .target.capture import (
-    Capture,
-    CaptureTimes,
-    HFCapture,
-    Role,
-    ShardCapture,
-    config_facts,
-    leading_rows,
-    timed_rate,
-)
-from .target.features import FeatureBuffers
-from .target.model import load_causal_lm
 from .target.tokenizer import model_fingerprint
-
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-
-
-def build_capture(
-    params: config.ExtractParams, target: config.TargetParams, rank: int = 0, world: int = 1
-) -> Capture:
-    """The configured engine's Capture for this process."""
-    dtype = DTYPES[params.dtype]
-    if params.engine == "sglang":
-        from .engines.sglang_capture import SGLangCapture
-
-        indices = config_only_facts(params, target, rank, world).aux_indices
-        s = params.sglang
-        with params_key("extract.sglang"):
-            return SGLangCapture(
-                target.path,
-                indices,
-                dtype,
-                rank=rank,
-                world=world,
-                local_rank=int(os.environ.get("LOCAL_RANK", rank)),
-                tp_size=s.tp_size,
-                ep_size=s.ep_size,
-                mem_fraction_static=s.mem_fraction_static,
-                max_tokens_per_forward=s.max_tokens_per_forward,
-                trust_remote_code=target.trust_remote_code,
-                model_dtype=target.dtype,
-            )
-    with params_key("target"):
-        model = load_causal_lm(
-            target.path, target.device, target.dtype, target.trust_remote_code, target.cpu_threads
-        )
-    indices = params.layers or default_aux_indices(model.config.num_hidden_layers)
-    with params_key("extract.layers"):
-        return HFCapture(
-            model, indices, dtype, params.batch_tokens, Role(rank, world, True), params.compile
-        )
+from .wiring.capture import DTYPES, build_capture, config_only_facts
 
 
 def forward_tokens(params: config.ExtractParams) -> int:
@@ -165,28 +117,27 @@ def _extract(
     size = hidden.storage(
         plan, len(indices) * hidden_size, hidden_size, DTYPES[params.dtype].itemsize, params.store
     )
-    meta = {
-        "fingerprint": fingerprint,
-        "target_path": target.path,
-        "architecture": facts.architecture,
-        "num_hidden_layers": num_layers,
-        "hidden_size": hidden_size,
-        "aux_hf_indices": indices,
-        "dtype": params.dtype,
-        "bytes_per_token": size["bytes_per_token"],
-        **_engine_meta(params.engine, capture),  # none for hf: its meta.json is as it was
-        # and none for store all, likewise
+    meta = hidden.HiddenMeta(
+        fingerprint=fingerprint,
+        target_path=target.path,
+        architecture=facts.architecture,
+        num_hidden_layers=num_layers,
+        hidden_size=hidden_size,
+        aux_hf_indices=indices,
+        dtype=params.dtype,
+        bytes_per_token=size["bytes_per_token"],
+        **_engine_meta(params.engine, capture),
         **({} if params.store == "all" else {k: size[k] for k in ("store", "bytes_per_token_all")}),
-    }
+    )
     meta_path = out_dir / hidden.META
-    stale = meta_path.exists() and json.loads(meta_path.read_text())["fingerprint"] != fingerprint
+    stale = meta_path.exists() and hidden.read_meta(out_dir).fingerprint != fingerprint
     _barrier(world)  # every rank has read the old meta before rank 0 may remove it
     if rank == 0:
         if stale:
             print("[extract] target, layers or storage settings changed: extracting again")
             empty_dir(out_dir)
         print(
-            f"[extract] {total:,} tokens x {meta['bytes_per_token']:,} bytes/token = "
+            f"[extract] {total:,} tokens x {meta.bytes_per_token:,} bytes/token = "
             f"{size['bytes'] / 2**30:.2f} GiB in {len(plan)} shards (store {params.store}, "
             f"all: {size['bytes_per_token_all']:,} bytes/token; layers {indices} of "
             f"{num_layers}, engine {params.engine})"
@@ -196,7 +147,7 @@ def _extract(
         for old in hidden.shard_files(out_dir):
             if hidden.shard_number(old) >= len(plan):
                 remove_with_checksum(old)
-        write_json(meta, meta_path)
+        write_json(meta.to_json(), meta_path)
     _barrier(world)
     keys = [shard_key(fingerprint, shard) for shard in plan]
     problems = shard_problems(out_dir, keys, rank, world)
@@ -292,29 +243,6 @@ def shard_problems(out_dir: Path, keys: list[str], rank: int, world: int) -> dic
     gathered: list[dict[int, str]] = [{} for _ in range(world)]
     torch.distributed.all_gather_object(gathered, mine)
     return {k: v for part in gathered for k, v in part.items()}
-
-
-@dataclass(frozen=True)
-class ConfigFacts:
-    """What meta.json records of the target when no capture runs (store none)."""
-
-    aux_indices: list[int]
-    hidden_size: int
-    num_layers: int
-    architecture: str
-    role: Role
-
-
-def config_only_facts(
-    params: config.ExtractParams, target: config.TargetParams, rank: int, world: int
-) -> ConfigFacts:
-    """The target's facts from its config.json, and this process's share of the shards (every
-    process writes its own, as with the hf engine)."""
-    with params_key("target"):
-        architecture, num_layers, hidden_size = config_facts(target.path)
-    with params_key("extract.layers"):
-        indices = params.layers or default_aux_indices(num_layers)
-    return ConfigFacts(indices, hidden_size, num_layers, architecture, Role(rank, world, True))
 
 
 def _time_report(

@@ -29,7 +29,7 @@ from .artifacts.raw import (
     last_turns,
     read_raw,
 )
-from .cli import PathOpt, StageError, params_key, run
+from .cli import PathOpt, StageError, run
 from .engines import AuthError, Completion, EngineError, Sampling
 from .engines.monitor import Backlog, GenerationMonitor, run_backlog
 from .engines.turns import Output, RenderPrompt, TurnQueue
@@ -41,62 +41,9 @@ from .runtime.io import (
     write_json,
 )
 from .target.history import HistoryRenderer
-from .target.tokenizer import pad_id
 from .target.tokens import TokenRoles, analyze_output
-from .wiring import api_key, target_fingerprint, target_roles, target_tokenizer
-
-
-def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
-    return Sampling(
-        max_new_tokens=gen.max_new_tokens,
-        temperature=gen.temperature,
-        top_p=gen.top_p,
-        top_k=gen.top_k,
-        seed=gen.seed,
-        stop_ids=tuple(roles.stop_ids),
-    )
-
-
-def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokenizer):
-    """The generation engine params name (for sglang with `launch`, its server started)."""
-    if gen.engine == "hf":
-        from .engines.hf import HFEngine
-        from .target.model import load_causal_lm
-
-        with params_key("target"):
-            model = load_causal_lm(
-                target.path,
-                target.device,
-                target.dtype,
-                target.trust_remote_code,
-                target.cpu_threads,
-            )
-        return HFEngine(model, pad_id(tokenizer), gen.batch_size)
-    if gen.engine == "sglang":
-        from .engines.sglang import SGLangEngine
-
-        s, urls = gen.sglang, gen.sglang.urls
-        if s.launch is not None:
-            from .launch import server_command, start_launched
-
-            urls = [
-                start_launched(
-                    s.launch, server_command(s.launch, target), "generate.sglang.launch"
-                ).url
-            ]
-        key = api_key(s.api_key_env, "generate.sglang.api_key_env")
-        with params_key("generate.sglang"):
-            return SGLangEngine(
-                urls,
-                s.concurrency,
-                s.timeout_s,
-                s.connect_timeout_s,
-                s.max_retries,
-                s.backoff_s,
-                s.backoff_max_s,
-                api_key=key,
-            )
-    raise StageError(f"generate.engine: {gen.engine!r} is not one of 'hf', 'sglang'")
+from .wiring.engines import make_engine, sampling_for
+from .wiring.target import target_fingerprint, target_roles, target_tokenizer
 
 
 def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str) -> str:

@@ -24,17 +24,16 @@ import duckdb
 
 from . import config
 from .artifacts import merged
-from .artifacts.raw import verified_parts
 from .cli import PathOpt, StageError, run
 from .queries import file_list, open_samples, rows, sql
 from .runtime.io import (
-    ChecksumError,
     atomic_path,
     output_lock,
     remove_stale_temps_around,
     temp_path,
     write_json,
 )
+from .wiring.artifacts import raw_files
 
 COUNTS = (
     "samples",  # training sequences
@@ -49,18 +48,7 @@ COUNTS = (
 
 
 def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> dict:
-    try:
-        files = [str(p) for d in raw_dirs for p in verified_parts(d)]
-    except ChecksumError as err:
-        raise StageError(
-            f"merge: {err}; rerun generate for its dataset, which drops a damaged part and "
-            f"generates its turns again"
-        ) from None
-    if not files:
-        raise StageError(
-            f"merge: no raw generations under {[str(d) for d in raw_dirs]}; "
-            f"run the generate stages first"
-        )
+    files = raw_files(raw_dirs, "merge")
     spill_dir = temp_path(out_dir / "spill", os.getpid())  # removed by a rerun if killed
     spill_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -111,8 +99,7 @@ def run_queries(
             f"{misplaced[0]['dataset']} and generate it again"
         )
     # One thread writes: with two, sorted row groups wait in memory for the writer to take them
-    # in order, which broke a 2 GB limit in 3 of 5 merges of 1.1B tokens (one thread: 0 of 5,
-    # peak 2.4 GB, the writes about 25% slower)
+    # in order, which broke the memory limit (docs/performance.md, the merge at 1.1B tokens)
     con.execute("SET threads = 1")
     for split in merged.SPLITS:
         with atomic_path(merged.split_path(out_dir, split)) as tmp:

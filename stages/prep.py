@@ -24,7 +24,7 @@ from .cli import PathOpt, StageError, run
 from .runtime.io import remove_stale_temps_around, write_json
 from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
 from .target.template import ChatTemplate, TemplateError
-from .wiring import target_roles, target_tokenizer
+from .wiring.target import target_roles, target_tokenizer
 
 
 def normalized_key(messages: list[dict], tools: list | None) -> str:

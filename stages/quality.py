@@ -16,45 +16,17 @@ from decimal import Decimal
 from pathlib import Path
 
 from . import config
-from .artifacts.raw import verified_parts
 from .cli import PathOpt, StageError, run
-from .queries import open_samples, rows
-from .runtime.io import (
-    ChecksumError,
-    remove_stale_temps_around,
-    write_csv,
-    write_json,
-    write_text,
-)
+from .queries.quality import QUESTIONS, quality_answers
+from .runtime.io import remove_stale_temps_around, write_csv, write_json, write_text
+from .wiring.artifacts import raw_files
 
 HISTOGRAM_COLUMNS = ["dataset", "measure", "bucket", "bucket_start", "samples"]
-QUESTIONS = (
-    "length_distribution",
-    "reasoning_presence",
-    "finish_reasons",
-    "tool_call_integrity",
-    "duplicates",
-    "turns_per_sample",
-    "budget_used",
-)
 
 
 def answer(raw_dirs: dict[str, Path], budgets: dict[str, int], buckets: int) -> dict:
-    try:
-        files = [str(p) for d in raw_dirs.values() for p in verified_parts(d)]
-    except ChecksumError as err:
-        raise StageError(
-            f"quality: {err}; rerun generate for its dataset, which drops a damaged part and "
-            f"generates its turns again"
-        ) from None
-    if not files:
-        raise StageError(f"quality: no raw generations under {sorted(map(str, raw_dirs.values()))}")
-    con = open_samples(files)
-    con.execute("CREATE TEMP TABLE budgets (dataset VARCHAR, budget_tokens BIGINT)")
-    con.executemany("INSERT INTO budgets VALUES (?, ?)", list(budgets.items()))
-    result = {q: rows(con, q) for q in QUESTIONS}
-    result["length_histogram"] = rows(con, "length_histogram", buckets=buckets)
-    return result
+    """The quality questions over every dataset's verified raw parts."""
+    return quality_answers(raw_files(raw_dirs.values(), "quality"), budgets, buckets)
 
 
 def gate(
@@ -136,14 +108,7 @@ def metrics(answers: dict, prep_reports: dict[str, dict], failures: list[str]) -
     out: dict = {"gate_passed": not failures, "datasets": {}}
     for name, prep in prep_reports.items():
         entry = {k: prep.get(k) for k in ("rows", "kept", "duplicate", "too_long", "malformed")}
-        for q in (
-            "reasoning_presence",
-            "finish_reasons",
-            "tool_call_integrity",
-            "duplicates",
-            "turns_per_sample",
-            "budget_used",
-        ):
+        for q in (q for q in QUESTIONS if q != "length_distribution"):  # one row per dataset
             row: dict = next((r for r in answers[q] if r["dataset"] == name), {})
             entry.update({k: _plain(v) for k, v in row.items() if k != "dataset"})
         for r in answers["length_distribution"]:

@@ -12,7 +12,7 @@
   into another stage's output.
 
 Reads params `report`, `datasets`, `quality.histogram_buckets`, `target` (the tokenizer) and
-`train.sglang_version`. The data questions are the quality stage's (`stages.quality.answer`, the
+`train.sglang_version`. The data questions are the quality stage's (`stages/queries/quality.py`, the
 same SQL), plus failures and sample records (stages/queries).
 """
 
@@ -23,16 +23,16 @@ import json
 from pathlib import Path
 
 from . import config
-from .artifacts.raw import verified_parts
 from .cli import PathOpt, run
-from .quality import answer
 from .queries import open_samples, rows
+from .queries.quality import quality_answers
 from .reporting.card import CardFacts, model_card, sglang_command, vllm_command
 from .reporting.page import ReportData, render
 from .reporting.samples import sample_views
 from .reporting.summary import run_metrics
 from .runtime.io import remove_stale_temps_around, write_json, write_text
-from .wiring import target_roles, target_tokenizer
+from .wiring.artifacts import raw_files
+from .wiring.target import target_roles, target_tokenizer
 
 
 def read_json(path: Path) -> dict:
@@ -80,12 +80,10 @@ def main(
     datasets = config.datasets(params)
     names = list(datasets)
     remove_stale_temps_around(out, metrics, card)
-    answers = answer(
-        {n: raw_dir / n for n in names},
-        {n: d.generate.budget_tokens for n, d in datasets.items()},
-        q.histogram_buckets,
-    )
-    con = open_samples([str(f) for n in names for f in verified_parts(raw_dir / n)])
+    files = raw_files([raw_dir / n for n in names], "report")
+    budgets = {n: d.generate.budget_tokens for n, d in datasets.items()}
+    answers = quality_answers(files, budgets, q.histogram_buckets)
+    con = open_samples(files)
     failures = rows(con, "failures", limit=p.max_failures)
     records = rows(con, "sample_records", per_dataset=p.samples_per_dataset)
     tokenizer = target_tokenizer(target)

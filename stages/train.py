@@ -28,6 +28,7 @@ from transformers import AutoConfig
 from . import config
 from .artifacts import hidden
 from .artifacts.hidden import HiddenStates
+from .capture.hooks import FeatureExtractor
 from .cli import PathOpt, StageError, params_key, run
 from .drafter.export import check_export, export_drafter
 from .drafter.layers import parse_version
@@ -45,15 +46,16 @@ from .runtime.io import (
     write_csv,
     write_json,
 )
-from .target.features import FeatureExtractor
 from .target.model import load_causal_lm
 from .target.weights import embedding_and_head
 
 
-def build_drafter(target_config, meta: dict, vocab_file: Path, draft: dict) -> Eagle3Drafter:
+def build_drafter(
+    target_config, meta: hidden.HiddenMeta, vocab_file: Path, draft: dict
+) -> Eagle3Drafter:
     vocab = load_file(str(vocab_file))
     cfg = Eagle3Config.from_target(
-        target_config, int(vocab["d2t"].numel()), meta["aux_hf_indices"], **draft
+        target_config, int(vocab["d2t"].numel()), meta.aux_hf_indices, **draft
     )
     drafter = Eagle3Drafter(cfg)
     drafter.set_vocab(vocab["d2t"], vocab["t2d"])
@@ -61,7 +63,10 @@ def build_drafter(target_config, meta: dict, vocab_file: Path, draft: dict) -> E
 
 
 def online_features(
-    target: config.TargetParams, meta: dict, device: torch.device, cpu_threads: int | None
+    target: config.TargetParams,
+    meta: hidden.HiddenMeta,
+    device: torch.device,
+    cpu_threads: int | None,
 ) -> TargetFeatures:
     """The target on `device`, run on each batch without grad in `target.dtype` (bf16 on a GPU)
     through the hooks extraction uses; its features rounded to the dtype extract would have
@@ -71,8 +76,8 @@ def online_features(
             target.path, str(device), target.dtype, target.trust_remote_code, cpu_threads
         )
     with params_key("extract.layers"):
-        extractor = FeatureExtractor(model, meta["aux_hf_indices"])
-    stored = getattr(torch, meta["dtype"])
+        extractor = FeatureExtractor(model, meta.aux_hf_indices)
+    stored = getattr(torch, meta.dtype)
     dtype = feature_dtype(device) or stored
 
     def add(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -208,7 +213,7 @@ def _train(
             f"{rank.world} processes; use a multiple of {rank.world}"
         )
     torch.manual_seed(p.seed)
-    meta = json.loads((hidden_dir / hidden.META).read_text())
+    meta = hidden.read_meta(hidden_dir)
     target_config = AutoConfig.from_pretrained(
         target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
     )
@@ -219,7 +224,7 @@ def _train(
     if problem := rope_serving_problem(drafter.cfg.rope_scaling, version):
         raise StageError(f"train.draft / train.sglang_version: {problem}")
     embed, head = embedding_and_head(target.path)
-    online = hidden.read_store(hidden_dir) == "none"
+    online = meta.store == "none"
     features = online_features(target, meta, device, p.cpu_threads) if online else None
     train_set = HiddenStates(hidden_dir, "train", p.max_length)
     eval_set = HiddenStates(hidden_dir, "eval", p.max_length)
@@ -231,7 +236,7 @@ def _train(
     hidden.verify_shards(hidden_dir, shards[rank.rank :: rank.world])
     s = settings(p, len(train_set))
     if rank.main:
-        start_or_resume(checkpoint_dir, run_identity(p, meta["fingerprint"], vocab_file))
+        start_or_resume(checkpoint_dir, run_identity(p, meta.fingerprint, vocab_file))
     if rank.world > 1:
         torch.distributed.barrier()
     if rank.main:
@@ -257,11 +262,11 @@ def _train(
                 drafter.cfg,
                 out_dir,
                 target_config,
-                extra={"training": p.__dict__, "hidden_meta": meta},
+                extra={"training": p.__dict__, "hidden_meta": meta.to_json()},
                 sglang_version=p.sglang_version,
             )
             check_export(
-                out_dir, target_config, meta["aux_hf_indices"], sglang_version=p.sglang_version
+                out_dir, target_config, meta.aux_hf_indices, sglang_version=p.sglang_version
             )
         best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
         metrics = {

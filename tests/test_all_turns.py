@@ -24,7 +24,7 @@ from stages.sources import read_conversations, turn_bounds
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
 from stages.vocab import supervised_counts
-from stages.wiring import target_roles, target_tokenizer
+from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, ROOT, SHARED
 from tests.rawdata import write_raw
 

@@ -35,7 +35,7 @@ from stages.engines.sglang_bench import (
 from stages.engines.sglang_server import is_healthy
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
-from stages.wiring import target_roles, target_tokenizer
+from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import STORIES, STORIES_REL
 from tests.engines.conftest import client, free_port
 

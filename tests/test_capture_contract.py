@@ -30,27 +30,24 @@ import yaml
 from safetensors import safe_open
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from stages import canary, config
+from stages import config
 from stages.artifacts import hidden
+from stages.capture import canary as canary_math
+from stages.capture import sglang as sglang_capture
+from stages.capture.buffers import FeatureBuffers
+from stages.capture.hf import HFCapture
+from stages.capture.interface import Capture, Role
+from stages.capture.packing import packed_rows
+from stages.capture.releases import SUPPORTED_VERSIONS
+from stages.capture.served import prefill_aux
+from stages.capture.shards import ShardCapture, leading_rows, timed_rate
 from stages.cli import StageError
+from stages.commands import canary
 from stages.drafter.layers import serving_layer_ids, sglang_captured_indices
-from stages.engines import sglang_capture
-from stages.engines.served_hidden import prefill_aux
-from stages.engines.sglang_versions import SUPPORTED_VERSIONS
-from stages.extract import build_capture, extract
+from stages.extract import extract
 from stages.runtime.io import CHECKSUM_SUFFIX
-from stages.target import canary as canary_math
-from stages.target.capture import (
-    Capture,
-    HFCapture,
-    Role,
-    ShardCapture,
-    leading_rows,
-    timed_rate,
-)
-from stages.target.features import FeatureBuffers
 from stages.target.model import load_causal_lm
-from stages.target.packing import packed_rows
+from stages.wiring.capture import build_capture
 from tests import fake_sglang
 from tests.conftest import ROOT
 

@@ -19,10 +19,10 @@ from stages import train as train_stage
 from stages import vocab as vocab_stage
 from stages.artifacts.hidden import HiddenStates
 from stages.artifacts.merged import COLUMNS, iter_rows, split_path
+from stages.capture.hooks import FeatureExtractor, decoder_parts
 from stages.drafter.export import check_export
 from stages.drafter.layers import serving_layer_ids
 from stages.drafter.model import Eagle3Config, target_facts
-from stages.target.features import FeatureExtractor, decoder_parts
 from stages.target.model import load_causal_lm
 from stages.target.weights import embedding_and_head
 from tests.mla_target import KIMI_YARN, SHAPES, k25_layout, tiny_target

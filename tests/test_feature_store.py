@@ -17,7 +17,7 @@ from transformers import AutoConfig
 
 from stages import config
 from stages import train as train_stage
-from stages.artifacts.hidden import HiddenStates, collate, label_positions
+from stages.artifacts.hidden import HiddenStates, collate, label_positions, read_meta
 from stages.drafter.training import Objective, train
 from stages.extract import extract
 from stages.target.weights import embedding_and_head
@@ -106,7 +106,7 @@ def test_supervised_samples_read_back_as_all_at_every_row_the_loss_reads(stores)
 
 
 def objective(hidden: Path, ttt_steps: int = 3) -> Objective:
-    meta = json.loads((hidden / "meta.json").read_text())
+    meta = read_meta(hidden)
     target_config = AutoConfig.from_pretrained(DEMO_TARGET, local_files_only=True)
     torch.manual_seed(0)
     vocab = hidden.parent / "vocab.safetensors"
@@ -194,8 +194,7 @@ def test_online_training_follows_the_offline_loss_curve(stores, tmp_path):
 
 def test_an_online_run_killed_mid_way_resumes_where_it_stopped(stores, tmp_path):
     hidden = stores["none"]
-    meta = json.loads((hidden / "meta.json").read_text())
-    features = train_stage.online_features(TARGET, meta, CPU, 1)
+    features = train_stage.online_features(TARGET, read_meta(hidden), CPU, 1)
     train_set, eval_set = HiddenStates(hidden, "train"), HiddenStates(hidden, "eval")
     quiet = {"log": lambda _: None, "features": features}
     s = dataclasses.replace(settings(6), batch_size=2, eval_max_samples=3)

@@ -29,7 +29,7 @@ from stages.target.history import conversation, reply_message
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
 from stages.target.tokens import TokenRoles
-from stages.wiring import target_roles, target_tokenizer
+from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, ROOT
 from tests.rawdata import raw_row, write_raw
 from tests.test_all_turns import WEATHER, Recording, same, turns_of

@@ -17,9 +17,9 @@ from transformers import (
     MistralForCausalLM,
 )
 
-from stages.target.capture import HFCapture
-from stages.target.features import FeatureExtractor
-from stages.target.packing import PACKED, PackedRow, packed_rows, warm_up_row
+from stages.capture.hf import HFCapture
+from stages.capture.hooks import FeatureExtractor
+from stages.capture.packing import PACKED, PackedRow, packed_rows, warm_up_row
 from tests.mla_target import deepseek_config
 
 SMALL = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=8)

@@ -1,5 +1,5 @@
-"""DuckDB by hand (`eagle-pipeline query`, `python -m stages.query`) over a small synthetic run's
-raw data, and the console script's other commands."""
+"""DuckDB by hand (`eagle-pipeline query`, `python -m stages.commands.query`) over a small
+synthetic run's raw data, and the console script's other commands."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from stages import console, query
+from stages.commands import console, query
 from stages.queries import QUERY_DIR
 from stages.queries.session import catalog, description, is_view, open_session, parameters
 from stages.reporting.text import text_table
@@ -104,7 +104,9 @@ def test_text_table_aligns_and_counts():
 def test_console_groups_the_hand_commands(capsys):
     names = {c.name or c.callback.__name__ for c in console.app.registered_commands}
     assert names == {"query", "report", "estimate", "launch-line"}
-    assert 'eagle-pipeline = "stages.console:main"' in (ROOT / "pyproject.toml").read_text()
+    assert (
+        'eagle-pipeline = "stages.commands.console:main"' in (ROOT / "pyproject.toml").read_text()
+    )
 
 
 def test_report_command_takes_its_paths_from_dvc_yaml():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 
 import pytest
 import yaml
@@ -12,6 +13,7 @@ import yaml
 from stages import report
 from stages.reporting import svg
 from stages.reporting.anatomy import decode_marked, split_reply
+from stages.reporting.card import speculators_command
 from stages.reporting.page import buckets
 from stages.reporting.summary import UNITS, run_metrics, tau_key, unit
 from stages.target.tokens import TokenRoles
@@ -186,6 +188,25 @@ def test_model_card(run):
     assert "--speculative-algorithm EAGLE3" in body
     assert "vllm serve example-org/demo-target --speculative-config" in body
     assert '"method": "eagle3"' in body
+    # the speculators conversion carries the export's vLLM ids (its converter drops them otherwise)
+    (convert,) = [line for line in body.splitlines() if line.startswith("speculators convert ")]
+    assert convert.endswith(
+        """--algorithm-kwargs '{"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}'"""
+    )
+    assert f"--output-path {run['drafter-dir']}-speculators" in convert
+
+
+def test_speculators_command_parses_as_speculators_reads_it():
+    """speculators 0.9.0 (speculators/cli/convert.py `convert`): MODEL, --verifier, --algorithm,
+    --output-path, and --algorithm-kwargs parsed by json.loads into Eagle3Converter's kwargs."""
+    args = shlex.split(speculators_command("org/target", "models/drafter", [2, 30, 58]))
+    assert args[:3] == ["speculators", "convert", "models/drafter"]
+    opts = dict(zip(args[3::2], args[4::2], strict=True))
+    assert opts["--algorithm"] == "eagle3" and opts["--verifier"] == "org/target"
+    assert opts["--output-path"] == "models/drafter-speculators"
+    assert json.loads(opts["--algorithm-kwargs"]) == {
+        "eagle_aux_hidden_state_layer_ids": [2, 30, 58]
+    }
 
 
 def test_dvc_yaml_declares_one_metrics_file_after_the_benchmark():

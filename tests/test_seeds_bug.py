@@ -17,7 +17,7 @@ from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
-from stages.wiring import target_roles, target_tokenizer
+from stages.wiring.target import target_roles, target_tokenizer
 from tests.stage_runner import run_stage
 
 pytestmark = pytest.mark.slow  # 512-token generations of the demo target, twice

@@ -17,9 +17,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from stages.artifacts import hidden
+from stages.capture.buffers import FeatureBuffers
 from stages.runtime import io
 from stages.runtime.io import atomic_file, checksum_path, checksum_problem, save_safetensors
-from stages.target.features import FeatureBuffers
 
 
 class SlowSave:

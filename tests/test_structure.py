@@ -32,6 +32,7 @@ def plant(path: Path, line: str) -> None:
 def test_the_tree_has_no_problem():
     assert structure.dvc_dep_problems(ROOT) == []
     assert structure.layer_problems(ROOT) == []
+    assert structure.stage_side_problems(ROOT) == []
 
 
 def test_an_import_dvc_yaml_does_not_list_is_caught(tree):
@@ -107,4 +108,28 @@ def test_a_new_library_package_must_declare_its_layer(tree):
     assert any(
         "package newpkg is not in tools/structure.py LAYERS" in p
         for p in structure.layer_problems(tree)
+    )
+
+
+@pytest.mark.parametrize(
+    "where, line, needle",
+    [
+        ("train.py", "from .extract import extract", "stages/train.py: imports stages.extract"),
+        ("report.py", "from .quality import gate", "stages/report.py: imports stages.quality"),
+        ("prep.py", "from .commands import query", "stages/prep.py: imports stages.commands"),
+        ("wiring/engines.py", "from ..generate import main", "imports stages.generate"),
+    ],
+)
+def test_a_stage_importing_a_stage_or_a_command_is_caught(tree, where, line, needle):
+    assert structure.stage_side_problems(tree) == []
+    plant(tree / "stages" / where, line)
+    problems = structure.stage_side_problems(tree)
+    assert any(needle in p for p in problems), problems
+
+
+def test_a_top_level_module_that_is_no_stage_is_caught(tree):
+    (tree / "stages" / "helpers.py").write_text('"""x"""\n')
+    problems = structure.stage_side_problems(tree)
+    assert any(
+        "stages/helpers.py: neither a stage dvc.yaml runs nor plumbing" in p for p in problems
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stages.engines.sglang_versions import SUPPORTED_VERSIONS  # noqa: E402
+from stages.capture.releases import SUPPORTED_VERSIONS  # noqa: E402
 
 RELEASES = ROOT / ".sglang-releases"
 # The wheel of one platform, so every host reads the same files (the Python source is the same

@@ -1,5 +1,7 @@
 """The project's structure, checked: dvc.yaml's code deps against what each stage really imports,
-and the library's layering. Run by `make check` and tests/test_structure.py.
+the library's layering, and the stage side's shape (the top level holds the stage modules and
+their plumbing; no stage imports another; commands and factories in packages of their own). Run
+by `make check` and tests/test_structure.py.
 
     python tools/structure.py           # print problems; exit 1 if any
     python tools/structure.py --deps    # print each stage's code deps, as dvc.yaml should list them
@@ -26,9 +28,15 @@ LAYERS: dict[str, set[str]] = {
     "target": {"runtime"},
     "drafter": {"runtime", "artifacts"},
     "engines": {"runtime", "artifacts", "target", "drafter"},
+    "capture": {"runtime", "target", "drafter", "engines"},
     "reporting": {"target"},
     "demo": set(),
 }
+# The stage side besides the stage modules: plumbing every stage may import, the factories that
+# build library objects from params (stages/wiring/), and the commands run by hand
+# (stages/commands/), which may import stages but no stage imports them.
+PLUMBING = {"cli", "config"}
+STAGE_SIDE_PACKAGES = {"wiring", "commands"}
 
 
 def module_file(root: Path, module: str) -> Path | None:
@@ -167,6 +175,8 @@ def layer_problems(root: Path) -> list[str]:
         ):
             continue  # a stage-side top-level module: may import anything
         if len(parts) < 2 or parts[1] not in LAYERS:
+            if len(parts) > 1 and parts[1] in STAGE_SIDE_PACKAGES:
+                continue
             if len(parts) > 1 and (root / PACKAGE / parts[1]).is_dir():
                 problems.append(
                     f"{path.relative_to(root)}: package {parts[1]} is not in "
@@ -179,7 +189,8 @@ def layer_problems(root: Path) -> list[str]:
             dep_parts = dep.split(".")
             if dep == PACKAGE:
                 continue
-            if len(dep_parts) == 2 and not (root / PACKAGE / dep_parts[1]).is_dir():
+            stage_side = dep_parts[1] in STAGE_SIDE_PACKAGES
+            if stage_side or len(dep_parts) == 2 and not (root / PACKAGE / dep_parts[1]).is_dir():
                 problems.append(
                     f"{path.relative_to(root)}: the library imports the stage-side "
                     f"module {dep}; pass values in as arguments instead"
@@ -187,6 +198,33 @@ def layer_problems(root: Path) -> list[str]:
             elif dep_parts[1] not in allowed:
                 problems.append(
                     f"{path.relative_to(root)}: {parts[1]} may import {sorted(allowed)}, not {dep}"
+                )
+    return problems
+
+
+def stage_side_problems(root: Path) -> list[str]:
+    """The top level holds stage modules (those dvc.yaml runs) and PLUMBING only; no stage module
+    and no factory imports a stage module or a command."""
+    stages = {module for module, _ in stage_modules(root).values()}
+    problems = []
+    for path in sorted((root / PACKAGE).glob("*.py")):
+        module = module_name(root, path)
+        if path.name != "__init__.py" and module not in stages and path.stem not in PLUMBING:
+            problems.append(
+                f"{path.relative_to(root)}: neither a stage dvc.yaml runs nor plumbing "
+                f"({sorted(PLUMBING)}); a command goes in {PACKAGE}/commands/, a factory in "
+                f"{PACKAGE}/wiring/, library code in its package"
+            )
+    importers = sorted(stages) + [
+        module_name(root, p) for p in sorted((root / PACKAGE / "wiring").glob("*.py"))
+    ]
+    for module in importers:
+        for dep in sorted(imports(root, module, parents=False)):
+            if dep != module and (dep in stages or dep.startswith(f"{PACKAGE}.commands")):
+                problems.append(
+                    f"{module_file(root, module).relative_to(root)}: imports {dep}; a stage "
+                    f"imports no other stage and no command: move what they share to "
+                    f"{PACKAGE}/wiring/ (objects from params) or a library package"
                 )
     return problems
 
@@ -199,7 +237,7 @@ def main(argv: list[str]) -> int:
             for path in sorted(needed_files(root, module)):
                 print(f"  - {path}")
         return 0
-    problems = dvc_dep_problems(root) + layer_problems(root)
+    problems = dvc_dep_problems(root) + layer_problems(root) + stage_side_problems(root)
     for p in problems:
         print(p)
     print(f"structure: {len(problems)} problem(s)")

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pyarrow as pa
@@ -245,11 +245,12 @@ class WriteTimes:
 
 class ShardWriter:
     """Writes shards on `workers` background threads, so the device never waits on the disk: at
-    40k tokens/s and Llama-8B widths features come at 1.3 GB/s, more than one thread serialising,
-    syncing and hashing shard after shard keeps up with. `put` waits, while `workers` writes are in
-    flight, for the oldest: a shard's buffers are free again once it and every shard put before
-    it are written, the order in which FeatureBuffers hands its sets out again (workers + 2
-    sets: one filling, one landing). A failed write is raised at the next put or at exit."""
+    the extraction forward's rate at Llama-8B widths, features come faster than one thread
+    serialising, syncing and hashing shard after shard keeps up with (docs/performance.md).
+    `put` waits, while `workers` writes are in flight, for the oldest: a shard's buffers are free
+    again once it and every shard put before it are written, the order in which FeatureBuffers
+    hands its sets out again (workers + 2 sets: one filling, one landing). A failed write is
+    raised at the next put or at exit."""
 
     def __init__(self, workers: int = 1):
         self.workers = workers
@@ -354,12 +355,52 @@ def _spread_labels(shard, last_offset: int, loss_mask: torch.Tensor) -> torch.Te
     return last
 
 
-def read_store(hidden_dir: Path) -> str:
-    """What the extraction stored (meta.json's `store`; absent: `all`, as before it existed)."""
+@dataclass(frozen=True)
+class HiddenMeta:
+    """data/hidden/meta.json: what extract hands to train. The target and the HF hidden-state
+    indices captured, the storage, and (engines other than hf) the engine, its SGLang release and
+    the ids it captured with. Keys that are null (or `store` all) are not written, so a run of
+    the hf engine storing everything writes the file it always wrote."""
+
+    fingerprint: str
+    target_path: str
+    architecture: str
+    num_hidden_layers: int
+    hidden_size: int
+    aux_hf_indices: list[int]
+    dtype: str
+    bytes_per_token: int
+    engine: str | None = None
+    sglang_version: str | None = None
+    sglang_capture_ids: list[int] | None = None
+    store: str = "all"
+    bytes_per_token_all: int | None = None
+
+    def to_json(self) -> dict:
+        written = asdict(self)
+        if self.store == "all":
+            del written["store"]
+        return {k: v for k, v in written.items() if v is not None}
+
+
+def read_meta(hidden_dir: Path) -> HiddenMeta:
+    """The extraction's meta.json, or an error naming the file and what to run."""
     meta_path = hidden_dir / META
     if not meta_path.exists():
         raise FileNotFoundError(f"{meta_path}: no hidden-state metadata; run the extract stage")
-    return json.loads(meta_path.read_text()).get("store", "all")
+    raw = json.loads(meta_path.read_text())
+    known = {f.name for f in fields(HiddenMeta)}
+    try:
+        return HiddenMeta(**{k: v for k, v in raw.items() if k in known})
+    except TypeError as err:
+        raise ValueError(
+            f"{meta_path}: not the extract stage's metadata ({err}); run it again"
+        ) from None
+
+
+def read_store(hidden_dir: Path) -> str:
+    """What the extraction stored (meta.json's `store`; absent: `all`, as before it existed)."""
+    return read_meta(hidden_dir).store
 
 
 def collate(

@@ -23,13 +23,12 @@ SPLITS = ("train", "eval")
 # Uncompressed bytes per Parquet row group: its writer and every reader hold about one row group
 # of a split at a time (by rows, DuckDB's default 122,880 sequences of 1,000 ids are 500 MB)
 ROW_GROUP_MB = 64
-# zstd level: token ids barely compress, and level 1 writes them twice as fast as the default 3
-# for 0.4% more bytes (measured on 277M ids: 15 s against 34 s of the merge's writer)
+# zstd level: token ids barely compress, and level 1 writes them much faster than the default 3
+# for slightly more bytes (docs/performance.md, "Merge at scale")
 ZSTD_LEVEL = 1
 # Rows `iter_rows` turns into Python objects at a time. A whole row group at once (up to
-# ROW_GROUP_MB of ids, some 16M tokens) costs about 100 ns a token on one core: over a second in
-# which the extract stage queues no forward. By 128 rows, 2.5M tokens took 98 ms against 241-320
-# (the first row after 12-15 ms against 218-292)
+# ROW_GROUP_MB of ids, some 16M tokens) keeps one core busy long enough that the extract stage
+# queues no forward meanwhile; by 128 rows the first row comes at once (docs/performance.md)
 ROWS_PER_BATCH = 128
 
 

@@ -3,9 +3,9 @@
 A linear layer's three products, y = x W^T, dx = dy W and dW = dy^T x, each take their two
 operands in float8 e4m3 with one float32 scale per row along the product's inner dimension
 (row-wise scaling: a row's largest magnitude maps to 448), accumulate in float32 and return
-bf16. On an H200 these products run about twice the bf16 rate (1,250-1,450 against 630-780
-TFLOP/s at the draft's shapes). Written without state, so that a compiled objective traces the
-quantisation into its graph and fuses it with the producers and consumers around it.
+bf16. On an FP8 GPU these products run well above the bf16 rate (docs/performance.md). Written
+without state, so that a compiled objective traces the quantisation into its graph and fuses it
+with the producers and consumers around it.
 
 Off a GPU the same quantised values are multiplied in float32: what the tests check.
 """

@@ -429,7 +429,8 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """In float32, weight included, rounded once to the input's dtype (as SGLang's fused kernel):
     under autocast a bf16 input stays bf16 instead of meeting a float32 weight. Compiled on a GPU
     into one kernel forward and one backward that keep only the input and its inverse norm (eager,
-    the float32 intermediates of each norm cost 6-9% of a training step and 1-5 GiB)."""
+    the float32 intermediates of each norm cost a share of the step's time and peak memory:
+    docs/performance.md)."""
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return (x32 * weight.float()).to(x.dtype)

@@ -287,9 +287,9 @@ def compiles(compile: bool, device: torch.device) -> bool:
 
 def compiled_objective(model: nn.Module) -> Callable[[dict], tuple[torch.Tensor, TTTMetrics]]:
     """The objective (or its DDP wrapper) compiled as one graph: the TTT unroll, the loss and the
-    metrics, forward and backward. Eager, a step launches some 1,500 kernels and the GPU idles
+    metrics, forward and backward. Eager, a step launches many small kernels and the GPU idles
     while the host queues the small ones; compiled, the elementwise work fuses and the GEMMs run
-    back to back (95 -> 68 ms per step at 1x2048, Llama-3.1-8B width, on an H200).
+    back to back (docs/performance.md).
 
     The first call compiles for its batch shape; a second shape compiles once more with dynamic
     lengths, which every later batch then shares (torch.compile's automatic dynamic shapes)."""
@@ -344,8 +344,8 @@ def train(
         raise ValueError(f"fp8: {problem}; set it to false")
     if s.fp8 and not s.compile:  # eager, each quantisation is kernels of its own
         raise ValueError(
-            "fp8: runs compiled only (set compile: true): eager, its quantisation ran as separate "
-            "kernels and the step took 231 ms against bf16's 95 ms (1x2048, one H200)"
+            "fp8: runs compiled only (set compile: true): eager, its quantisation runs as separate "
+            "kernels and the step is slower than bf16's (docs/performance.md)"
         )
     compiling = compiles(s.compile, device)
     step_model = compiled_objective(model) if compiling else model
@@ -386,7 +386,7 @@ def train(
             pin=device.type == "cuda",
         )
     )
-    if compiling:  # silent for minutes otherwise: about 1.5 at 1 x 2048 on an H200, 4 at 4 x 2048
+    if compiling:  # silent for a long while otherwise (compile times: docs/performance.md)
         log("[train] the first step compiles the objective (minutes on a GPU)")
     clock = time.monotonic()
     for state["epoch"], state["cursor"], batch in stream:

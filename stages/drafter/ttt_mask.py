@@ -7,8 +7,8 @@ whole number of BLOCK-row blocks, so that block j of every segment covers the sa
 
 Query block i (queries are the prefix positions) sees prefix blocks 0..i and block i of each
 chain segment, nothing else. `create_block_mask` would find that by evaluating the mask at every
-(query, key) pair and sorting each block row; traced inside the compiled objective, those sort
-kernels took minutes of Triton compiling per TTT step at 4 x 2048 on an H200, more with length.
+(query, key) pair and sorting each block row; traced inside the compiled objective, compiling
+those sort kernels, one per TTT step, bounded the compile time (docs/performance.md).
 Here the block lists are arithmetic on block numbers: no dense mask, no sort.
 
 Prefix blocks before the diagonal are *full* (the kernel skips the mask there) while every key in

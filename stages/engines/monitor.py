@@ -1,6 +1,6 @@
 """How far a generation run is and how long it will take: live lines while a dataset generates,
-and the projection from a short timed sample (`python -m stages.estimate`) before committing GPUs
-for days.
+and the projection from a short timed sample (`python -m stages.commands.estimate`) before
+committing GPUs for days.
 
 The live line shows samples done, generated tokens/s, completions/min, mean output length,
 failures, and the ETA of the dataset and of the whole run against the budgets;

@@ -55,6 +55,28 @@ def vllm_command(target: str, drafter_dir: str, num_steps: int) -> str:
     return shlex.join(["vllm", "serve", target, "--speculative-config", json.dumps(spec)])
 
 
+def speculators_dir(drafter_dir: str) -> str:
+    """Where `speculators_command` writes the converted drafter: beside the export."""
+    return drafter_dir.rstrip("/") + "-speculators"
+
+
+def speculators_command(target: str, drafter_dir: str, vllm_layer_ids: Sequence[int] | None) -> str:
+    """`speculators convert` (speculators 0.9.0): the export in the speculators format, for vLLM.
+
+    The converter never reads the layer ids from the export's config.json: it writes
+    `eagle_aux_hidden_state_layer_ids: null` (vLLM then captures its default [2, N//2, N-3])
+    unless they come in `--algorithm-kwargs`, a JSON object (`json.loads`, in
+    speculators/cli/convert.py `convert`) whose keys become keyword arguments of
+    `Eagle3Converter.convert`. So the ids vLLM reads from the export's top level are passed there.
+    """
+    cmd = ["speculators", "convert", drafter_dir, "--algorithm", "eagle3", "--verifier", target]
+    cmd += ["--output-path", speculators_dir(drafter_dir)]
+    if vllm_layer_ids is not None:
+        kwargs = {"eagle_aux_hidden_state_layer_ids": list(vllm_layer_ids)}
+        cmd += ["--algorithm-kwargs", json.dumps(kwargs)]
+    return shlex.join(cmd)
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
     def cell(v: object) -> str:
         if isinstance(v, float):
@@ -151,10 +173,20 @@ def model_card(f: CardFacts) -> str:
         sglang_command(f.target, f.drafter_dir, f.num_steps),
         "```",
         "",
-        "vLLM:",
+        "vLLM, from this directory as exported (vLLM reads the top-level"
+        " `eagle_aux_hidden_state_layer_ids`):",
         "",
         "```bash",
         vllm_command(f.target, f.drafter_dir, f.num_steps),
+        "```",
+        "",
+        "vLLM, in the speculators format: `speculators convert` (checked against speculators"
+        " 0.9.0) does not carry the layer ids over from config.json (it writes null, and vLLM"
+        " then falls back to [2, N//2, N-3]), so they are passed in `--algorithm-kwargs`:",
+        "",
+        "```bash",
+        speculators_command(f.target, f.drafter_dir, f.layer_ids.get("vllm")),
+        vllm_command(f.target, speculators_dir(f.drafter_dir), f.num_steps),
         "```",
         "",
         f"`{f.drafter_dir}` is this directory (or its Hugging Face id once uploaded).",

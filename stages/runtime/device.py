@@ -13,6 +13,7 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 def set_cpu_threads(threads: int | None) -> None:
     """Pin torch's CPU threads. On a small machine one thread per process avoids the slowdown of
-    threads spinning against another busy process (measured: 10 ms vs 860 ms per decode step)."""
+    threads spinning against another busy process, many times slower per decode step
+    (docs/performance.md)."""
     if threads:
         torch.set_num_threads(threads)

@@ -15,11 +15,11 @@ import yaml
 
 from stages import config, generate
 from stages.artifacts.raw import read_raw
+from stages.capture.served import served_aux
 from stages.engines import AuthError
 from stages.engines.monitor import ServerMetrics
-from stages.engines.served_hidden import served_aux
 from stages.engines.sglang_bench import server_facts
-from stages.wiring import api_key
+from stages.wiring.target import api_key
 from tests.stage_runner import run_stage
 
 SECRET = "sk-Sup3r-s3cret-Key-0123456789abcdef"

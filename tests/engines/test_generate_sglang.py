@@ -16,6 +16,7 @@ from stages.artifacts.raw import parts, read_raw
 from stages.config import GenerateParams, SGLangLaunchParams, SGLangParams, SGLangServerArgs
 from stages.engines import sglang_server
 from stages.engines.sglang import SGLangError
+from stages.wiring.engines import make_engine
 from tests.engines.conftest import free_port
 
 # every test runs the stage against a real local server that decodes with the target
@@ -152,7 +153,7 @@ def test_server_gone_for_a_second_then_back_costs_nothing(
 
     # 61 attempts, 53 of them up to 0.1 s apart: about 2.7 s before a request gives up; all of
     # them within the second the server is gone has a chance of about 1e-17
-    engine = generate.make_engine(via(first.url, max_retries=60, backoff_max_s=0.1), target, None)
+    engine = make_engine(via(first.url, max_retries=60, backoff_max_s=0.1), target, None)
     out = tmp_path / "raw"
     metrics = generate.generate_dataset(
         "t", prompts_file, out, HF, 10**6, target, engine=KilledAfter(engine, 3, stop_until_later)
@@ -169,7 +170,7 @@ def test_server_killed_mid_run_then_rerun_loses_and_duplicates_nothing(
     naming the server and its last error, and keeps all 5 (append_every is 2)."""
     first = serve()
     out = tmp_path / "raw"
-    engine = generate.make_engine(via(first.url, max_retries=1), target, None)
+    engine = make_engine(via(first.url, max_retries=1), target, None)
     killed = KilledAfter(engine, 5, first.stop)
     url = re.escape(first.url)
     with pytest.raises(

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from stages import estimate
+from stages.commands import estimate
 from stages.engines import Completion, Sampling
 from stages.engines.monitor import Backlog, GenerationMonitor, backlog, parse_metrics, project_hours
 from tests.rawdata import raw_row, write_raw

@@ -23,9 +23,9 @@ from collections.abc import Callable
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from stages.capture.hooks import FeatureExtractor, compile_layers, decoder_parts
 from stages.drafter.layers import default_aux_indices
 from stages.runtime.device import resolve_device
-from stages.target.features import FeatureExtractor, compile_layers, decoder_parts
 
 H200_BF16_DENSE_TFLOPS = 989.0
 

@@ -49,11 +49,11 @@ from torch._dynamo.utils import counters
 
 from stages import config
 from stages.artifacts import hidden
+from stages.capture.hooks import FeatureExtractor, compile_layers
 from stages.drafter.layers import default_aux_indices
 from stages.extract import extract
 from stages.runtime.device import resolve_device
 from stages.runtime.io import CHECKSUM_SUFFIX, remove_with_checksum
-from stages.target.features import FeatureExtractor, compile_layers
 from tests.perf.bench_extract import (
     SHAPES,
     batch_shape,

@@ -65,7 +65,7 @@ from transformers import AutoConfig
 
 from stages import config
 from stages import train as train_stage
-from stages.artifacts.hidden import STORES, HiddenStates, collate
+from stages.artifacts.hidden import STORES, HiddenStates, collate, read_meta
 from stages.artifacts.merged import COLUMNS
 from stages.drafter.export import check_export, export_drafter
 from stages.drafter.layers import default_aux_indices, serving_layer_ids
@@ -241,12 +241,12 @@ def time_train_step(
     after --warmup, so compilation and start-up stay out of the rate.
     Online (store none) each step first runs the target on the batch, as the stage does."""
     p = config.section(config.TrainParams, "train", params)
-    meta = json.loads((hidden / "meta.json").read_text())
+    meta = read_meta(hidden)
     features = (
         train_stage.online_features(
             config.section(config.TargetParams, "target", params), meta, device, None
         )
-        if meta.get("store") == "none"
+        if meta.store == "none"
         else lambda batch: batch
     )
     target_config = AutoConfig.from_pretrained(target, local_files_only=True)
@@ -280,7 +280,7 @@ def time_train_step(
 def export_untrained(work: Path, params: Path, vocab: Path, hidden: Path, target: Path) -> None:
     """What the train stage would export, from a fresh drafter (when training did not finish)."""
     p = config.section(config.TrainParams, "train", params)
-    meta = json.loads((hidden / "meta.json").read_text())
+    meta = read_meta(hidden)
     target_config = AutoConfig.from_pretrained(target, local_files_only=True)
     drafter = train_stage.build_drafter(target_config, meta, vocab, p.draft)
     export_drafter(
@@ -288,7 +288,7 @@ def export_untrained(work: Path, params: Path, vocab: Path, hidden: Path, target
         drafter.cfg,
         work / "drafter",
         target_config,
-        extra={"training": p.__dict__, "hidden_meta": meta, "untrained": True},
+        extra={"training": p.__dict__, "hidden_meta": meta.to_json(), "untrained": True},
         sglang_version=SGLANG_VERSION,
     )
 

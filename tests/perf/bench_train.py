@@ -22,8 +22,7 @@ The inputs are what the train stage gives the step: a float32 drafter (the optim
 weights), the target embedding and LM head in their stored dtype (bf16 on a GPU, float32 on the
 CPU: `Objective.place`), collated features (bf16 as stored on a GPU, float32 on the CPU), bf16
 autocast on a GPU, fused AdamW there. `labels ms` times the target's soft labels alone
-(`soft_labels`, part of every step). SpecForge's figures on the same GPU: README, "Measured
-figures".
+(`soft_labels`, part of every step). SpecForge's figures on the same GPU: docs/performance.md.
 """
 
 from __future__ import annotations

@@ -479,7 +479,7 @@ def _set_on(fn: ast.AST, me: str) -> set[str]:
 
 def supported_versions() -> tuple[str, ...]:
     """The releases the project supports, from the one place that says so."""
-    from stages.engines.sglang_versions import SUPPORTED_VERSIONS
+    from stages.capture.releases import SUPPORTED_VERSIONS
 
     return SUPPORTED_VERSIONS
 

@@ -8,8 +8,8 @@ import ast
 
 import pytest
 
-from stages.engines import sglang_capture
-from stages.engines.sglang_versions import SUPPORTED_VERSIONS
+from stages.capture import sglang as sglang_capture
+from stages.capture.releases import SUPPORTED_VERSIONS
 from tests.conftest import ROOT
 
 from .calls import ClassWalk

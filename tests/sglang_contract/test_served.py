@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from stages import config
-from stages.engines import Sampling, served_hidden, sglang_bench
+from stages.capture import served as served_hidden
+from stages.engines import Sampling, sglang_bench
 from stages.engines.sglang import request_body
-from stages.launch import server_command
+from stages.wiring.engines import server_command
 from tests.conftest import ROOT
 
 from . import served

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from stages.engines.sglang_versions import SUPPORTED_VERSIONS
+from stages.capture.releases import SUPPORTED_VERSIONS
 from tests import fake_sglang
 
 from .release import require

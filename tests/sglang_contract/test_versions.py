@@ -7,7 +7,7 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
-from stages.engines.sglang_versions import (
+from stages.capture.releases import (
     PIP_LINES,
     SUPPORTED_VERSIONS,
     SGLangVersionError,
@@ -46,7 +46,7 @@ def test_a_supported_release_passes(version):
 
 @pytest.mark.parametrize("version", [*NEIGHBOURS, "0.5.14.post1", None])
 def test_any_other_release_is_refused_naming_both(version, monkeypatch):
-    monkeypatch.setattr("stages.engines.sglang_versions.installed_sglang_version", lambda: None)
+    monkeypatch.setattr("stages.capture.releases.installed_sglang_version", lambda: None)
     with pytest.raises(SGLangVersionError) as err:
         check_sglang_version(version)
     message = str(err.value)

@@ -1,5 +1,5 @@
-"""`python -m stages.estimate`: time a short sample of every dataset with the configured engine
-and project the hours each dataset's generation will take, before committing GPUs for days.
+"""`python -m stages.commands.estimate`: time a short sample of every dataset with the configured
+engine and project the hours each dataset's generation will take, before committing GPUs for days.
 
 Not a DVC stage: a tool run by hand next to `dvc repro` (the live monitor itself prints from
 inside `python -m stages.generate`). Reads params `target`, `generate` and the datasets' budgets.
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from . import config
-from .cli import StageError, run
-from .engines.monitor import project_hours, run_backlog
-from .generate import make_engine, sampling_for
-from .wiring import target_roles, target_tokenizer
+from .. import config
+from ..cli import StageError, run
+from ..engines.monitor import project_hours, run_backlog
+from ..wiring.engines import make_engine, sampling_for
+from ..wiring.target import target_roles, target_tokenizer
 
 
 def main(

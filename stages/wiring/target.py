@@ -1,15 +1,15 @@
-"""Library objects built from params, shared by the stages: the target's tokenizer, roles and
-fingerprint, and the API key a params key names."""
+"""The target's tokenizer, roles and fingerprint, and the API key a params key names, built from
+params for the stages."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from . import config
-from .cli import StageError, params_key
-from .target.tokenizer import load_tokenizer, model_fingerprint
-from .target.tokens import TokenRoles, learn_roles
+from .. import config
+from ..cli import StageError, params_key
+from ..target.tokenizer import load_tokenizer, model_fingerprint
+from ..target.tokens import TokenRoles, learn_roles
 
 TEMPLATES = Path("templates")  # a dep of every stage that reads target.chat_template (dvc.yaml)
 

@@ -1,7 +1,7 @@
 """The `sglang` capture engine: a target that needs a whole node, captured by SGLang's own model
 runner in-process, tensor parallel over the torchrun ranks.
 
-Supported releases: 0.5.14 and 0.5.23 (`sglang_versions.SUPPORTED_VERSIONS`); any other is
+Supported releases: 0.5.14 and 0.5.23 (`releases.SUPPORTED_VERSIONS`); any other is
 refused before SGLang is imported, naming both and their pip lines. Everything around the capture
 seam changes between them, so each has an adapter here (`Runner0514`, `Runner0523`), written
 from that release's own scheduler-less driver, its `bench_one_batch`, and checked in CI against
@@ -60,7 +60,7 @@ the same captures; only rank 0 writes (`role.writes`).
 
 None of this has run on a GPU with SGLang: the tests drive it with stand-ins of each release
 (tests/fake_sglang), themselves held to the releases' signatures. On a node, run the canary
-first (`python -m stages.canary`, README: "Moving to GPUs and SGLang").
+first (`python -m stages.commands.canary`, README: "Moving to GPUs and SGLang").
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ from typing import Any
 import torch
 
 from ..drafter.layers import serving_layer_ids, sglang_captured_indices
-from ..target.capture import Captured, Role, config_facts
-from ..target.packing import packed_rows
-from . import EngineError
-from .sglang_versions import check_sglang_version
+from ..engines import EngineError
+from .interface import Captured, Role, config_facts
+from .packing import packed_rows
+from .releases import check_sglang_version
 
 
 class SGLangCaptureError(EngineError):

@@ -16,12 +16,13 @@ from pathlib import Path
 import typer
 import yaml
 
-from . import config, estimate, query
-from . import report as report_stage
-from .cli import StageError
-from .engines import EngineError
-from .engines.sglang_bench import speculative_args
-from .launch import server_command
+from .. import config
+from .. import report as report_stage
+from ..cli import StageError
+from ..engines import EngineError
+from ..engines.sglang_bench import speculative_args
+from ..wiring.engines import server_command
+from . import estimate, query
 
 app = typer.Typer(
     add_completion=False,

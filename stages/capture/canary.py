@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .features import FeatureExtractor
+from .hooks import FeatureExtractor
 
 
 def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:

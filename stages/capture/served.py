@@ -16,7 +16,7 @@ import httpx
 import torch
 
 from ..drafter.layers import parse_version
-from . import EngineError, auth_failure, bearer_headers, redact
+from ..engines import EngineError, auth_failure, bearer_headers, redact
 
 SERVES_AUX_SINCE = "0.5.23"  # the first release with --enable-return-aux-hidden-states
 

@@ -1,4 +1,5 @@
-"""`python -m stages.query` (or `eagle-pipeline query`): DuckDB by hand over the current artifacts.
+"""`python -m stages.commands.query` (or `eagle-pipeline query`): DuckDB by hand over the current
+artifacts.
 
     eagle-pipeline query                                   # the named questions, one line each
     eagle-pipeline query length_distribution --dataset sharegpt
@@ -21,15 +22,15 @@ from typing import Annotated
 import duckdb
 import typer
 
-from . import config
-from .artifacts import hidden
-from .artifacts.merged import SPLITS, split_path
-from .artifacts.raw import parts
-from .cli import StageError, run
-from .queries import sql
-from .queries.session import catalog, open_session, parameters
-from .queries.session import run as run_sql
-from .reporting.text import csv_text, json_text, text_table
+from .. import config
+from ..artifacts import hidden
+from ..artifacts.merged import SPLITS, split_path
+from ..artifacts.raw import parts
+from ..cli import StageError, run
+from ..queries import sql
+from ..queries.session import catalog, open_session, parameters
+from ..queries.session import run as run_sql
+from ..reporting.text import csv_text, json_text, text_table
 
 
 def defaults(params: Path, merged_dir: Path) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from . import EngineError
+from ..engines import EngineError
 
 SUPPORTED_VERSIONS = ("0.5.14", "0.5.23")
 PIP_LINES = tuple(f'pip install "sglang=={v}"' for v in SUPPORTED_VERSIONS)

@@ -1,10 +1,10 @@
-"""`python -m stages.canary --merged data/merged --samples 8`: capture a few merged samples with
-the configured extraction engine and compare them, layer by layer, with a second source before
-committing a node to the whole extraction. Run it the way extraction runs (under
+"""`python -m stages.commands.canary --merged data/merged --samples 8`: capture a few merged
+samples with the configured extraction engine and compare them, layer by layer, with a second
+source before committing a node to the whole extraction. Run it the way extraction runs (under
 `torchrun --nproc-per-node <tp_size>` for the sglang engine).
 
-Not a DVC stage: a check run by hand next to `dvc repro`, like `stages.estimate`. Reads params
-`target` and `extract` (engine, layers, dtype, sglang, canary). The second source
+Not a DVC stage: a check run by hand next to `dvc repro`, like `stages.commands.estimate`. Reads
+params `target` and `extract` (engine, layers, dtype, sglang, canary). The second source
 (`extract.canary.reference`):
 - `hf`: the target in transformers on `extract.canary.hf_device` (a target that fits), with the
   layers next to each recorded one, so a capture shifted by one layer is named as such;
@@ -24,19 +24,19 @@ from pathlib import Path
 
 import torch
 
-from . import config
-from .artifacts import merged as merged_files
-from .cli import PathOpt, StageError, params_key, run
-from .drafter.layers import default_aux_indices, serving_layer_ids
-from .engines.served_hidden import SERVES_AUX_SINCE, served_aux, served_flags, serves_aux
-from .extract import build_capture
-from .runtime import parallel
-from .runtime.device import resolve_device
-from .runtime.io import atomic_path
-from .target.canary import CanaryReport, compare, hf_reference, neighbourhood
-from .target.capture import Capture, config_facts
-from .target.model import load_causal_lm
-from .wiring import api_key
+from .. import config
+from ..artifacts import merged as merged_files
+from ..capture.canary import CanaryReport, compare, hf_reference, neighbourhood
+from ..capture.interface import Capture, config_facts
+from ..capture.served import SERVES_AUX_SINCE, served_aux, served_flags, serves_aux
+from ..cli import PathOpt, StageError, params_key, run
+from ..drafter.layers import serving_layer_ids
+from ..runtime import parallel
+from ..runtime.device import resolve_device
+from ..runtime.io import atomic_path
+from ..target.model import load_causal_lm
+from ..wiring.capture import aux_indices, build_capture
+from ..wiring.target import api_key
 
 
 def first_samples(merged_dir: Path, splits: list[str], k: int) -> list[list[int]]:
@@ -135,8 +135,7 @@ def save_served(
     """Fetch the server's aux states of `samples` and keep them in `path` (no engine built)."""
     with params_key("target"):
         arch, num_layers, hidden = config_facts(target.path)
-    with params_key("extract.layers"):
-        indices = ext.layers or default_aux_indices(num_layers)
+    indices = aux_indices(ext, num_layers)
     served = served_reference(
         ext.canary, samples, arch, indices, num_layers, hidden, sglang_version
     )
