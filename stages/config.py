@@ -8,6 +8,7 @@ default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import types
 import typing
@@ -414,6 +415,13 @@ class ExtractParams(Ranged):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.layers is not None and (
+            not self.layers or sorted(set(self.layers)) != self.layers or self.layers[0] < 1
+        ):
+            raise ParamsError(
+                f"extract.layers: {self.layers} must be distinct HF hidden-state indices >= 1 in "
+                f"ascending order, e.g. [2, 16, 29] (or null for [2, N//2, N-3])"
+            )
         if self.store == "none" and self.engine != "hf":
             raise ParamsError(
                 f"extract.store: none runs the target inside the train stage with transformers, "
@@ -621,6 +629,51 @@ def _check(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+def unknown_key(key: str, name: str, known: list[str]) -> str:
+    """An unknown key's error: the key (`name` its last part), the nearest known one if any is
+    close, and all of them."""
+    close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6) or [
+        k
+        for k in known
+        if k == "".join(w[:1] for w in str(name).split("_"))  # learning_rate: lr
+    ]
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{key}: unknown key{hint} (known: {', '.join(known)})"
+
+
+def check_all(path: Path | str = PARAMS_FILE) -> None:
+    """Every section of the file built as its stage builds it: the first unknown key, wrong type
+    or value out of range raises ParamsError naming it."""
+    raw = load_params(path)
+    for name in raw:
+        if name not in SECTIONS:
+            raise ParamsError(unknown_key(f"{path}:{name}", str(name), list(SECTIONS)))
+    for name, cls in SECTIONS.items():
+        if name == "datasets":
+            datasets(path)
+        elif name in raw or any(
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            for f in dataclasses.fields(cls)
+        ):
+            section(cls, name, path)
+    _check_layers(raw, path)
+
+
+def _check_layers(raw: dict, path: Path | str) -> None:
+    """extract.layers against the target's depth, where its config.json is at hand."""
+    layers = (raw.get("extract") or {}).get("layers")
+    target = Path(str((raw.get("target") or {}).get("path", "")))
+    if not layers or not (target / "config.json").is_file():
+        return
+    cfg = yaml.safe_load((target / "config.json").read_text())  # JSON is YAML
+    depth = (cfg.get("text_config") or cfg).get("num_hidden_layers")
+    if isinstance(depth, int) and any(not 1 <= i <= depth - 1 for i in layers):
+        raise ParamsError(
+            f"{path}:extract.layers: {layers} must lie in 1..{depth - 1}, the HF hidden-state "
+            f"indices of a target of {depth} layers ({target})"
+        )
+
+
 def _check_range(value: Any, f: dataclasses.Field, key: str) -> None:
     """A number outside the key's range (param's ge / gt / le) names the key and the range."""
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
@@ -652,7 +705,7 @@ def build(cls: type, raw: Any, key: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ParamsError(f"{key}: unknown key(s) {unknown}; known keys: {sorted(fields)}")
+        raise ParamsError(unknown_key(f"{key}.{unknown[0]}", unknown[0], sorted(fields)))
     values = {}
     for name, f in fields.items():
         if name in raw and name in SECRET_NAME_KEYS:

@@ -33,6 +33,7 @@ AUX = [2, 4, 5]  # the default [2, N//2, N-3] of the tiny target's 8 layers
 TINY = SHAPES["tiny"]
 SGLANG_VERSION = "0.5.16"
 STAGE_OUTPUTS = {  # what each stage of the pipeline writes, relative to the project
+    "check": ["reports/check.json"],
     "prep@opencodeinstruct": ["data/prompts/opencodeinstruct.parquet"],
     "prep@sharegpt": ["data/prompts/sharegpt.parquet"],
     "generate@opencodeinstruct": [

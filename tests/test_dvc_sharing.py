@@ -55,7 +55,7 @@ def test_metrics_are_one_compact_file(repo):
 def test_a_benchmark_change_reruns_benchmark_and_report_and_diffs_named_figures(repo):
     set_params(repo, lambda p: p["benchmark"].update(max_new_tokens=24))
     rerun = sh(["dvc", "repro"], repo)
-    assert ran_stages(rerun.stdout) == {"benchmark", "report"}, rerun.stdout
+    assert ran_stages(rerun.stdout) == {"check", "benchmark", "report"}, rerun.stdout
     diff = json.loads(sh(["dvc", "metrics", "diff", "--all", "--json"], repo).stdout)
     figures = diff["reports/metrics.json"]
     assert {"benchmark_tau_t0_tokens_per_step", "train_tokens_per_s"} <= set(figures)
