@@ -19,7 +19,7 @@ def test_section_builds_typed_values_and_defaults(tmp_path):
 @pytest.mark.parametrize(
     "text, needle",
     [
-        ("merge: {sed: 3}\n", "merge: unknown key(s) ['sed']"),
+        ("merge: {sed: 3}\n", "merge.sed: unknown key; did you mean 'seed'?"),
         ("merge: {seed: three}\n", "merge.seed: expected int, got str 'three'"),
         ("merge: {seed: true}\n", "merge.seed: expected int, got bool"),
         ("generate: {engine: vllm}\n", "generate.engine: 'vllm' is not one of ['hf', 'sglang']"),

@@ -181,7 +181,10 @@ def test_skip_bad_rows_counts_them(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize(
     "edit, needle",
     [
-        ({"max_sample": 3}, "datasets.chat.prep: unknown key(s) ['max_sample']"),
+        (
+            {"max_sample": 3},
+            "datasets.chat.prep.max_sample: unknown key; did you mean 'max_samples'?",
+        ),
         ({"max_samples": "ten"}, "datasets.chat.prep.max_samples: expected int"),
     ],
 )
