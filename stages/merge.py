@@ -85,7 +85,7 @@ def run_queries(
     """The plan, its checks and both split files, over `con`; the counts per dataset and split."""
     con.execute(sql("raw_ids").replace("$raw_files", file_list(files)))
     con.execute(
-        f"CREATE TEMP TABLE merged AS {sql('merge')}",
+        f"CREATE TEMP TABLE plan AS {sql('merge')}",
         dict(
             max_length=params.max_length, seed=str(params.seed), eval_fraction=params.eval_fraction
         ),

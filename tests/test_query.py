@@ -11,6 +11,8 @@ import shlex
 import pytest
 
 from stages.commands import console, query
+from stages.config import MergeParams
+from stages.merge import merge
 from stages.queries import QUERY_DIR
 from stages.queries.session import catalog, description, is_view, open_session, parameters
 from stages.reporting.text import text_table
@@ -21,8 +23,11 @@ from tests.stage_runner import run_stage
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
+    """A run's raw data and its merge, as the stages wrote them."""
     root = tmp_path_factory.mktemp("project")
-    write_run(root)
+    paths = write_run(root)
+    raw_dirs = sorted(p for p in paths["raw-dir"].iterdir() if p.is_dir())
+    merge(raw_dirs, root / "data" / "merged", MergeParams(eval_fraction=0.25))
     return root
 
 
@@ -78,8 +83,9 @@ def test_any_sql_with_views(project, monkeypatch, capsys):
     sql = "SELECT dataset, count(*) AS turns FROM raw GROUP BY ALL ORDER BY 1"
     code, out, _ = ask(project, monkeypatch, capsys, "--sql", sql, "--json")
     assert code == 0 and [r["turns"] for r in json.loads(out)] == [8, 8]
-    code, _, err = ask(project, monkeypatch, capsys, "--sql", "SELECT * FROM merged")
-    assert code == 1 and "merged" in err and "views defined: raw, samples, budgets" in err
+    code, _, err = ask(project, monkeypatch, capsys, "--sql", "SELECT * FROM hidden_index")
+    views = "views defined: merged, raw, samples, raw_ids, budgets"
+    assert code == 1 and "hidden_index" in err and views in err, err
     code, _, err = ask(project, monkeypatch, capsys, "no_such_question")
     assert code == 1 and "known: budget_used" in err
 
@@ -135,3 +141,28 @@ def test_console_usage_errors_are_one_line(monkeypatch, capsys):
         console.main()
     assert done.value.code == 2
     assert capsys.readouterr().err.strip() == "error: No such command 'no-such-command'."
+
+
+@pytest.mark.parametrize("name", [n for n, _ in catalog()])
+def test_every_listed_question_answers_with_its_defaults(name, project, monkeypatch, capsys):
+    code, out, err = ask(project, monkeypatch, capsys, name)
+    assert code == 0, err
+    assert out.strip().endswith(("rows)", "row)")), out
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["longest_replies", "-p", "limt=3"], "--param limt: question longest_replies takes limit"),
+        (["duplicates", "-p", "limit=3"], "question duplicates takes no parameters"),
+        (["length_distribution", "--dataset", "nosuch"], "--dataset 'nosuch' is no dataset"),
+        (["--sql", ""], "--sql is empty"),
+        (["--sql", "   "], "--sql is empty"),
+        (["no_such_question"], "no question 'no_such_question'; known: "),
+        (["--sql", "SELEC 1"], "query: Parser Error"),
+    ],
+)
+def test_a_mistake_by_hand_is_one_line(args, says, project, monkeypatch, capsys):
+    code, out, err = ask(project, monkeypatch, capsys, *args)
+    assert code != 0 and says in err, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err

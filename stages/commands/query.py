@@ -10,7 +10,10 @@ Not a DVC stage. A named question is a file of stages/queries (the same SQL the 
 quality gate and the report run); `--sql` runs any SQL. Views already defined: `prompts`, `raw`,
 `samples` (the raw turns as the questions read them), `merged`, `hidden_index`; table `budgets`.
 Parameters a question takes ($name) default to params.yaml's values (`buckets`, `max_length`,
-`seed`, `eval_fraction`) or to `limit` 20 and `per_dataset` 3; `-p name=value` sets one.
+`seed`, `eval_fraction`) or to `limit` 20, `per_dataset` 3 and `split` train; `-p name=value`
+sets one (a name the question does not take is an error naming those it does). The merge's own
+questions (merged_counts, misplaced_turns, merged_rows) read the merge's plan, built for them
+from the raw parts as the merge stage builds it.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from ..artifacts.merged import SPLITS, split_path
 from ..artifacts.raw import parts
 from ..cli import StageError, run
 from ..queries import sql
-from ..queries.session import catalog, open_session, parameters
+from ..queries.session import PARAM, add_plan, catalog, needs_plan, open_session, parameters
 from ..queries.session import run as run_sql
 from ..reporting.text import csv_text, json_text, text_table
 
@@ -42,8 +45,9 @@ def defaults(params: Path, merged_dir: Path) -> dict:
         "per_dataset": 3,
         "buckets": q.histogram_buckets,
         "max_length": m.max_length,
-        "seed": m.seed,
+        "seed": str(m.seed),  # merge.sql hashes it as text, as the merge stage passes it
         "eval_fraction": m.eval_fraction,
+        "split": "train",
         "train_file": str(split_path(merged_dir, "train")),
     }
 
@@ -77,6 +81,8 @@ def main(
         return
     if question is not None and sql_text is not None:
         raise StageError("query: give a question's name or --sql, not both")
+    if sql_text is not None and not sql_text.strip():
+        raise StageError("query: --sql is empty; give the SQL to run, e.g. --sql 'FROM merged'")
     if question is not None:
         try:
             text = sql(question)
@@ -86,6 +92,11 @@ def main(
     else:
         text = sql_text or ""
     datasets = config.datasets(params)
+    if dataset is not None and dataset not in datasets:
+        raise StageError(
+            f"query: --dataset {dataset!r} is no dataset of {params}; its datasets: "
+            f"{', '.join(datasets)}"
+        )
     merged_dir = data_dir / "merged"
     index = data_dir / "hidden" / hidden.INDEX
     con, views = open_session(
@@ -98,15 +109,25 @@ def main(
         budgets={n: d.generate.budget_tokens for n, d in datasets.items()},
     )
     values = defaults(params, merged_dir)
+    takes = list(dict.fromkeys(PARAM.findall(text)))
     for item in param or []:
         name, sep, value = item.partition("=")
         if not sep:
             raise StageError(f"query: --param {item!r}: expected name=value")
+        if name not in takes:
+            what = f"question {question}" if question else "this SQL"
+            raise StageError(
+                f"query: --param {name}: {what} takes "
+                + (", ".join(takes) if takes else "no parameters")
+            )
         values[name] = _value(value)
     try:
+        if needs_plan(text):
+            add_plan(con, values)
         columns, rows = run_sql(con, text, values)
-    except duckdb.Error as err:  # a view that is not there, a typo in the SQL
-        raise StageError(f"query: {err} (views defined: {', '.join(views)})") from err
+    except duckdb.Error as err:  # a view that is not there, a typo in the SQL: its first line
+        first = str(err).strip().splitlines()[0]
+        raise StageError(f"query: {first} (views defined: {', '.join(views)})") from err
     if dataset is not None:
         if "dataset" not in columns:
             raise StageError("query: --dataset needs a result with a dataset column")

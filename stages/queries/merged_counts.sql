@@ -12,6 +12,6 @@ SELECT dataset, split,
        sum(len(loss_spans)) FILTER (WHERE NOT duplicate) AS turns,
        count(*) FILTER (WHERE truncated AND NOT duplicate) AS truncated,
        count(*) FILTER (WHERE shortened AND NOT duplicate) AS shortened
-FROM merged
+FROM plan
 GROUP BY ALL
 ORDER BY ALL

@@ -11,6 +11,6 @@ SELECT m.*,
             ELSE error(format('raw row {} (row {} of {}): its prompt_len and completion_tokens '
                               'are not the lengths of its prompt_ids and output_ids',
                               m.sample_id, m.source_row, m.source_file)) END AS input_ids
-FROM merged m
+FROM plan m
 JOIN raw_ids r ON r.filename = m.source_file AND r.file_row_number = m.source_row
 WHERE NOT m.duplicate AND m.split = $split

@@ -6,7 +6,7 @@
 WITH earlier AS (
     SELECT s.dataset, s.sample_id, s.turn, s.prompt_len, s.completion_tokens,
            s.filename, s.file_row_number, m.source_file, m.source_row
-    FROM merged m JOIN samples s ON s.sample_id = m.conversation AND s.turn < m.last_turn
+    FROM plan m JOIN samples s ON s.sample_id = m.conversation AND s.turn < m.last_turn
     WHERE NOT m.rendered
 )
 SELECT e.dataset, e.sample_id, e.turn

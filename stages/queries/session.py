@@ -16,7 +16,7 @@ import duckdb
 
 from . import QUERY_DIR, sql
 
-_PARAM = re.compile(r"\$([a-z_]+)")
+PARAM = re.compile(r"\$([a-z_]+)")
 _SENTENCE = re.compile(r"[.?](?=\s|$)")
 
 
@@ -43,7 +43,7 @@ def description(name: str) -> str:
 
 def parameters(name: str) -> list[str]:
     """The named parameters ($name) the query takes, in order of first use."""
-    return list(dict.fromkeys(_PARAM.findall(sql(name))))
+    return list(dict.fromkeys(PARAM.findall(sql(name))))
 
 
 def is_view(name: str) -> bool:
@@ -82,7 +82,8 @@ def open_session(
             f"CREATE VIEW raw AS SELECT * FROM read_parquet({_files(raw)}, union_by_name = true)"
         )
         con.execute(sql("samples").replace("$raw_files", _files(raw)))
-        defined += ["raw", "samples"]
+        con.execute(sql("raw_ids").replace("$raw_files", _files(raw)))
+        defined += ["raw", "samples", "raw_ids"]
     if hidden_index:
         con.execute(
             f"CREATE VIEW hidden_index AS SELECT * FROM read_parquet({_files([hidden_index])})"
@@ -93,6 +94,20 @@ def open_session(
         con.executemany("INSERT INTO budgets VALUES (?, ?)", list(budgets.items()))
     defined.append("budgets")
     return con, defined
+
+
+MERGE_PLAN = re.compile(r"\b(FROM|JOIN)\s+plan\b", re.IGNORECASE)
+
+
+def add_plan(con: duckdb.DuckDBPyConnection, params: dict) -> None:
+    """The merge's plan (merge.sql) as the temp table `plan` the merge's own questions read
+    (merged_counts, misplaced_turns, merged_rows), with the merge's parameters in `params`."""
+    text = sql("merge")
+    con.execute(f"CREATE TEMP TABLE plan AS {text}", {k: params[k] for k in parameters("merge")})
+
+
+def needs_plan(text: str) -> bool:
+    return bool(MERGE_PLAN.search(text))
 
 
 def run(
