@@ -7,8 +7,11 @@ import csv
 import io
 import json
 import shlex
+import subprocess
+import sys
 
 import pytest
+import typer
 
 from stages.commands import console, query
 from stages.config import MergeParams
@@ -166,3 +169,34 @@ def test_a_mistake_by_hand_is_one_line(args, says, project, monkeypatch, capsys)
     code, out, err = ask(project, monkeypatch, capsys, *args)
     assert code != 0 and says in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_console_answers_help_without_loading_torch():
+    """`eagle-pipeline --help` (and each command's) imports no engine: it answers at once."""
+    code = (
+        "import sys\n"
+        "from stages.commands import console\n"
+        "try:\n"
+        "    console.app(['--help'], standalone_mode=False)\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'duckdb') if m in sys.modules)\n"
+        "print('loaded:', heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert "query" in proc.stdout and "launch-line" in proc.stdout, proc.stdout + proc.stderr
+    assert "loaded: []" in proc.stdout, proc.stdout
+
+
+def test_every_option_a_user_types_has_help():
+    from typer.main import get_command
+
+    from stages.commands import canary
+
+    commands = dict(get_command(console.app).commands)
+    single = typer.Typer()
+    single.command()(canary.main)
+    commands["canary"] = get_command(single)
+    for name, command in commands.items():
+        bare = [p.name for p in command.params if p.param_type_name == "option" and not p.help]
+        assert not bare, f"{name}: options without help {bare}"

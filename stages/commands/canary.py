@@ -23,13 +23,14 @@ import itertools
 from pathlib import Path
 
 import torch
+import typer
 
 from .. import config
 from ..artifacts import merged as merged_files
 from ..capture.canary import CanaryReport, compare, hf_reference, neighbourhood
 from ..capture.interface import Capture, config_facts
 from ..capture.served import SERVES_AUX_SINCE, served_aux, served_flags, serves_aux
-from ..cli import PathOpt, StageError, params_key, run
+from ..cli import StageError, params_key, run
 from ..drafter.layers import serving_layer_ids
 from ..runtime import parallel
 from ..runtime.device import resolve_device
@@ -155,12 +156,18 @@ def load_served(path: Path, samples: list[list[int]], indices: list[int]) -> tor
 
 
 def main(
-    merged: PathOpt,
-    samples: int = 8,
-    sglang_version: str | None = None,
-    save_reference: Path | None = None,
-    load_reference: Path | None = None,
-    params: Path = config.PARAMS_FILE,
+    merged: Path = typer.Option(..., help="the merge stage's output (data/merged)"),
+    samples: int = typer.Option(8, help="merged samples compared, from the first split"),
+    sglang_version: str | None = typer.Option(
+        None, help="the http reference server's SGLang release, where its layer ids depend on it"
+    ),
+    save_reference: Path | None = typer.Option(
+        None, help="only fetch the server's states of the samples into this file"
+    ),
+    load_reference: Path | None = typer.Option(
+        None, help="compare with the states saved by --save-reference"
+    ),
+    params: Path = typer.Option(config.PARAMS_FILE, help="the params file"),
 ) -> None:
     """Compare the engine's features of `samples` merged samples with the reference; exit 1 if
     a layer is off. http reference: `--save-reference FILE` only fetches the server's states,

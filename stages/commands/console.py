@@ -17,12 +17,12 @@ import typer
 import yaml
 
 from .. import config
-from .. import report as report_stage
 from ..cli import StageError
 from ..engines import EngineError
-from ..engines.sglang_bench import speculative_args
-from ..wiring.engines import server_command
 from . import estimate, query
+
+# Each command imports what it runs inside its function, so `eagle-pipeline --help` (and each
+# command's --help) answers without loading torch or transformers.
 
 app = typer.Typer(
     add_completion=False,
@@ -44,12 +44,16 @@ def stage_args(dvc_file: Path, stage: str, module: str) -> list[str]:
 
 
 @app.command()
-def report(dvc_file: Path = Path("dvc.yaml")) -> None:
+def report(
+    dvc_file: Path = typer.Option(Path("dvc.yaml"), help="the pipeline file naming its paths"),
+) -> None:
     """Rebuild the HTML report, metrics and model card from the current artifacts.
 
     The report stage's command with its paths from dvc.yaml, run outside DVC (`dvc repro
     report` records its run; `dvc commit report` adopts a result made here).
     """
+    from .. import report as report_stage
+
     single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     single.command()(report_stage.main)
     typer.main.get_command(single).main(
@@ -60,13 +64,16 @@ def report(dvc_file: Path = Path("dvc.yaml")) -> None:
 @app.command("launch-line")
 def launch_line(
     drafter: Path | None = typer.Option(None, help="add the speculative flags for this drafter"),
-    params: Path = config.PARAMS_FILE,
+    params: Path = typer.Option(config.PARAMS_FILE, help="the params file"),
 ) -> None:
     """Print the SGLang launch line that params give.
 
     generate.sglang.launch (else SGLang's defaults) serving the target; with --drafter, the
     EAGLE-3 flags of the benchmark's chain (benchmark.num_steps) added.
     """
+    from ..engines.sglang_bench import speculative_args
+    from ..wiring.engines import server_command
+
     gen = config.section(config.GenerateParams, "generate", params)
     target = config.section(config.TargetParams, "target", params)
     command = server_command(gen.sglang.launch or config.SGLangLaunchParams(), target)

@@ -9,22 +9,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pyarrow.parquet as pq
+import typer
 
 from .. import config
 from ..cli import StageError, run
-from ..engines.monitor import project_hours, run_backlog
-from ..wiring.engines import make_engine, sampling_for
-from ..wiring.target import target_roles, target_tokenizer
 
 
 def main(
-    samples: int = 32,
-    params: Path = config.PARAMS_FILE,
-    prompts_dir: Path = Path("data/prompts"),
-    raw_dir: Path = Path("data/raw"),
+    samples: int = typer.Option(32, help="prompts timed per dataset"),
+    params: Path = typer.Option(config.PARAMS_FILE, help="the params file"),
+    prompts_dir: Path = typer.Option(Path("data/prompts"), help="the prep stage's prompts"),
+    raw_dir: Path = typer.Option(Path("data/raw"), help="what generate has written so far"),
 ) -> None:
     """Time `samples` prompts per dataset and project hours per dataset."""
+    # imported here, not at the top: `eagle-pipeline --help` loads no engine
+    import pyarrow.parquet as pq
+
+    from ..engines.monitor import project_hours, run_backlog
+    from ..wiring.engines import make_engine, sampling_for
+    from ..wiring.target import target_roles, target_tokenizer
+
     gen = config.section(config.GenerateParams, "generate", params)
     target = config.section(config.TargetParams, "target", params)
     budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}

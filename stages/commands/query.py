@@ -22,21 +22,17 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-import duckdb
 import typer
 
 from .. import config
-from ..artifacts import hidden
-from ..artifacts.merged import SPLITS, split_path
-from ..artifacts.raw import parts
 from ..cli import StageError, run
 from ..queries import sql
-from ..queries.session import PARAM, add_plan, catalog, needs_plan, open_session, parameters
-from ..queries.session import run as run_sql
-from ..reporting.text import csv_text, json_text, text_table
+from ..queries.session import PARAM, catalog, parameters
 
 
 def defaults(params: Path, merged_dir: Path) -> dict:
+    from ..artifacts.merged import split_path
+
     """Values for the parameters a question may name."""
     q = config.section(config.QualityParams, "quality", params)
     m = config.section(config.MergeParams, "merge", params)
@@ -68,10 +64,20 @@ def main(
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="name=value")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV instead of a table")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
-    data_dir: Path = Path("data"),
-    params: Path = config.PARAMS_FILE,
+    data_dir: Path = typer.Option(Path("data"), help="where the artifacts are"),
+    params: Path = typer.Option(config.PARAMS_FILE, help="the params file"),
 ) -> None:
     """List the named DuckDB questions, or answer one (or any SQL) over the current artifacts."""
+    # imported here, not at the top: `eagle-pipeline --help` loads neither DuckDB nor torch
+    import duckdb
+
+    from ..artifacts import hidden
+    from ..artifacts.merged import SPLITS, split_path
+    from ..artifacts.raw import parts
+    from ..queries.session import add_plan, needs_plan, open_session
+    from ..queries.session import run as run_sql
+    from ..reporting.text import csv_text, json_text, text_table
+
     if question is None and sql_text is None:
         names = catalog()
         width = max(len(n) for n, _ in names)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
+if TYPE_CHECKING:  # connected where used: the query console's --help loads no DuckDB
+    import duckdb
 
 QUERY_DIR = Path(__file__).parent
 
@@ -38,6 +40,8 @@ def open_samples(
         settings["threads"] = threads
     if spill_dir is not None:
         settings["temp_directory"] = str(spill_dir)
+    import duckdb
+
     con = duckdb.connect(config=settings)
     con.execute(sql("samples").replace("$raw_files", file_list(raw_files)))
     return con

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import duckdb
+if TYPE_CHECKING:  # connected where used: the query console's --help loads no DuckDB
+    import duckdb
 
 from . import QUERY_DIR, sql
 
@@ -68,6 +70,8 @@ def open_session(
 ) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
     """A connection with a view per artifact whose files are given; returns it and the names
     of the views defined."""
+    import duckdb
+
     con = duckdb.connect()
     defined = []
     for view, paths in (("prompts", prompts), ("merged", merged)):
