@@ -10,10 +10,15 @@ export PATH := $(abspath $(BIN)):$(PATH)
 .PHONY: setup demo check test test-fast kill-sweep lock target prompts clean sglang-releases params-doc
 
 # Every other package at the version in constraints.txt (the versions CI ran with).
+# pip shows each package as it comes (the first set-up takes minutes).
 $(BIN)/.installed: pyproject.toml constraints.txt
+	@echo "[setup] a virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	@echo "[setup] $(TORCH_SPEC) $(if $(TORCH_INDEX),from $(TORCH_INDEX),(the CPU build))"
+	$(BIN)/pip install --progress-bar off "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	@echo "[setup] the project and its dependencies at the versions in constraints.txt"
+	$(BIN)/pip install --progress-bar off -c constraints.txt -e ".[dev]"
+	@echo "[setup] done"
 	touch $@
 
 setup: $(BIN)/.installed

@@ -68,3 +68,29 @@ def run(main: Callable) -> None:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
         raise
+
+
+def summary(tag: str, values: dict) -> str:
+    """A stage's closing figures for people: one `name  value` line each, under `[tag]`, nested
+    figures as dotted names, numbers with thousands separators (the JSON report keeps them all
+    exactly)."""
+
+    def flat(prefix: str, value) -> list[tuple[str, object]]:
+        if isinstance(value, dict):
+            return [i for k, v in value.items() for i in flat(f"{prefix}{k}.", v)]
+        return [(prefix[:-1], value)]
+
+    def shown(value) -> str:
+        if isinstance(value, bool) or value is None:
+            return str(value).lower() if isinstance(value, bool) else "-"
+        if isinstance(value, int):
+            return f"{value:,}"
+        if isinstance(value, float):
+            return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.1f}"
+        if isinstance(value, list) and len(value) > 8:
+            return f"[{len(value)} values]"
+        return str(value)
+
+    items = [i for k, v in values.items() for i in flat(f"{k}.", v)]
+    width = max((len(k) for k, _ in items), default=0)
+    return "\n".join([f"[{tag}]"] + [f"  {k:<{width}}  {shown(v)}" for k, v in items])

@@ -44,7 +44,7 @@ from .artifacts.hidden import (
 from .capture.buffers import FeatureBuffers
 from .capture.interface import Capture
 from .capture.shards import CaptureTimes, ShardCapture, leading_rows, timed_rate
-from .cli import PathOpt, params_key, run
+from .cli import PathOpt, params_key, run, summary
 from .runtime import parallel
 from .runtime.device import resolve_device
 from .runtime.io import (
@@ -295,7 +295,7 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
         metrics = extract(merged, out, ext, target, rank.rank, rank.world)
     if rank.main:
         write_json(metrics, report)
-        print(f"[extract] {metrics}")
+        print(summary("extract", metrics))
     parallel.stop(rank)
 
 

@@ -29,7 +29,7 @@ from .artifacts.raw import (
     last_turns,
     read_raw,
 )
-from .cli import PathOpt, StageError, run
+from .cli import PathOpt, StageError, run, summary
 from .engines import AuthError, Completion, EngineError, Sampling
 from .engines.monitor import Backlog, GenerationMonitor, run_backlog
 from .engines.turns import Output, RenderPrompt, TurnQueue
@@ -241,8 +241,25 @@ def main(
         target,
         others=run_backlog(budgets, prompts.parent, out.parent),
     )
-    write_json(metrics, report)
-    print(f"[generate {dataset}] " + "  ".join(f"{k} {v}" for k, v in metrics.items()))
+    if not metrics["new_turns"] and _describes(report, metrics):
+        print(f"[generate {dataset}] {report} kept: it describes the output, which is unchanged")
+    else:
+        write_json(metrics, report)
+    print(summary(f"generate {dataset}", metrics))
+
+
+# What a run did rather than what its output holds: a rerun that generated nothing keeps the
+# report of the run that did, so the report (a DVC output) hashes as before.
+RUN_ONLY = ("new_samples", "new_turns", "tokens_per_s", "engine")
+
+
+def _describes(report: Path, metrics: dict) -> bool:
+    """Whether the report already there describes the same output as `metrics`."""
+    try:
+        before = json.loads(report.read_text())
+    except (OSError, ValueError):
+        return False
+    return all(before.get(k) == v for k, v in metrics.items() if k not in RUN_ONLY)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from . import config
 from .artifacts.prompts import PromptSettings, write_prompts
-from .cli import PathOpt, StageError, run
+from .cli import PathOpt, StageError, run, summary
 from .runtime.io import remove_stale_temps_around, write_json
 from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
 from .target.template import ChatTemplate, TemplateError
@@ -160,7 +160,7 @@ def main(dataset: str, out: PathOpt, report: PathOpt, params: Path = config.PARA
     target = config.section(config.TargetParams, "target", params)
     remove_stale_temps_around(out, report)
     counts = prepare(dataset, ds.prep, ds.expect, target, out, report)
-    print(f"[prep {dataset}] " + "  ".join(f"{k} {v}" for k, v in counts.items()))
+    print(summary(f"prep {dataset}", counts))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ from . import config
 from .artifacts import hidden
 from .artifacts.hidden import HiddenStates
 from .capture.hooks import FeatureExtractor
-from .cli import PathOpt, StageError, params_key, run
+from .cli import PathOpt, StageError, params_key, run, summary
 from .drafter.export import check_export, export_drafter
 from .drafter.layers import parse_version
 from .drafter.model import Eagle3Config, Eagle3Drafter, rope_serving_problem
@@ -302,7 +302,7 @@ def _train(
                 ],
                 plots / "train_acceptance.csv",
             )
-        print(f"[train] {metrics}")
+        print(summary("train", metrics))
 
 
 if __name__ == "__main__":

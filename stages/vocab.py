@@ -15,7 +15,7 @@ from transformers import AutoConfig
 
 from . import config
 from .artifacts.merged import split_path
-from .cli import PathOpt, StageError, run
+from .cli import PathOpt, StageError, run, summary
 from .drafter.vocab import build_draft_vocab
 from .queries import rows
 from .runtime.io import atomic_path, remove_stale_temps_around, save_safetensors, write_json
@@ -68,7 +68,7 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.P
         "coverage": round(covered / max(total, 1), 6),
     }
     write_json(metrics, report)
-    print(f"[vocab] {metrics}")
+    print(summary("vocab", metrics))
 
 
 if __name__ == "__main__":

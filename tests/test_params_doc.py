@@ -68,3 +68,22 @@ def test_a_number_out_of_range_names_the_key(section, values, says, tmp_path):
     with pytest.raises(config.ParamsError) as err:
         config.section(config.SECTIONS[section], section, params)
     assert says in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "override, line",
+    [("train.lr=0.01", "  lr: 0.01"), ("merge.seed=7", "  seed: 7")],
+)
+def test_dvc_exp_run_set_rewrites_only_the_key_it_sets(tmp_path, override, line):
+    """`dvc exp run -S` writes params.yaml through dvc.utils.hydra.apply_overrides: every other
+    line, comments and layout included, stays as it was."""
+    from dvc.utils.hydra import apply_overrides
+
+    path = tmp_path / "params.yaml"
+    path.write_text((ROOT / "params.yaml").read_text())
+    apply_overrides(path, [override])
+    before = (ROOT / "params.yaml").read_text().splitlines()
+    after = path.read_text().splitlines()
+    changed = [(a, b) for a, b in zip(before, after) if a != b]
+    assert len(before) == len(after) and len(changed) == 1, changed
+    assert changed[0][1].startswith(line), changed
