@@ -41,7 +41,7 @@ from .engines.sglang_bench import (
     speculative_args,
 )
 from .engines.sglang_server import is_healthy, launch_command
-from .runtime.io import remove_stale_temps_around, write_csv, write_json
+from .runtime.io import Progress, remove_stale_temps_around, write_csv, write_json
 from .sources import SourceError, prompt_messages, read_conversations
 from .target.model import load_causal_lm
 from .target.tokenizer import render_prompt
@@ -109,6 +109,8 @@ def benchmark(
         "engine": "in-process transformers (no KV cache)",
         "temperatures": {},
     }
+    total = len(b.temperatures) * sum(len(g) for g in prompts.values())
+    progress = Progress("benchmark", total)  # each prompt decoded twice: with the drafter, without
     for temperature in b.temperatures:
         per: dict = {}
         all_results = []
@@ -141,6 +143,7 @@ def benchmark(
                 spec_s, base_s = spec_s + t1 - t0, base_s + t2 - t1
                 identical += base == r.output_ids
                 results.append(r)
+                progress.update(1, len(r.output_ids) + len(base))
             stats = acceptance_stats(results)
             per[name] = {
                 "prompts": len(group),

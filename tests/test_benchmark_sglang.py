@@ -226,6 +226,19 @@ def in_process(model, drafter_dir, prompts, target, tokenizer) -> dict:
 
 
 @pytest.mark.shared(STORIES_REL)
+def test_the_in_process_benchmark_shows_progress_and_eta(
+    model, drafter_dir, prompts, target, tokenizer, capsys
+):
+    drafter, _ = load_drafter(drafter_dir)
+    b = BenchmarkParams(num_steps=NUM_STEPS, temperatures=[0.0, 0.7], max_new_tokens=8)
+    benchmark.benchmark(model, drafter.eval(), prompts, b, target_roles(target, tokenizer).stop_ids)
+    lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[benchmark]")]
+    total = 2 * sum(len(g) for g in prompts.values())
+    assert lines and lines[-1].startswith(f"[benchmark] {total}/{total} samples"), lines
+    assert all("tok/s" in x and "eta" in x for x in lines)
+
+
+@pytest.mark.shared(STORIES_REL)
 @pytest.mark.integration
 @pytest.mark.slow
 def test_served_tau_is_the_in_process_count_with_the_prefill_token(

@@ -116,7 +116,7 @@ def test_a_stage_rerun_with_the_same_inputs_writes_the_same_outputs(repo):
     downstream reruns."""
     names = sorted(yaml.safe_load((repo / "params.yaml").read_text())["datasets"])
     stages = ["check", f"prep@{names[0]}", f"generate@{names[0]}", "merge", "quality", "vocab"]
-    stages += ["extract", "report"]
+    stages += ["report", "extract"]  # report before extract, whose timings the report shows
     for stage in stages:
         before = lock_outs(repo, stage)
         sh(["dvc", "repro", "-f", "-s", stage], repo)
@@ -124,4 +124,5 @@ def test_a_stage_rerun_with_the_same_inputs_writes_the_same_outputs(repo):
         changed = {p for p in before if before[p] != after.get(p) and p not in TIMINGS}
         assert not changed, f"{stage} rewrote {sorted(changed)}"
     status = json.loads(sh(["dvc", "status", "--json"], repo).stdout)
-    assert status == {}, status
+    changed = {d for entries in status.values() for e in entries for d in e.get("changed deps", {})}
+    assert changed <= TIMINGS, status  # only the timings extract's rerun wrote

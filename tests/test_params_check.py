@@ -136,3 +136,18 @@ def test_a_passing_check_reruns_nothing_else(repo):
     sh(["git", "checkout", "-q", "params.yaml"], repo)
     assert ran_stages(proc.stdout) == {"check"}, proc.stdout
     assert digest(repo, outputs) == before
+
+
+def test_a_stage_that_fails_leaves_its_earlier_outputs(repo):
+    """A failure the params check cannot see (the dataset file broken): prep fails, and its
+    earlier prompts and report are where they were, readable."""
+    repo, outputs = repo
+    before = digest(repo, outputs)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    source = repo / first_dataset(params)["prep"]["path"]
+    source.write_text("{ not json\n" * 3)
+    proc = sh(["dvc", "repro"], repo, check=False)
+    sh(["git", "checkout", "-q", "--", str(source.relative_to(repo))], repo)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert digest(repo, outputs) == before

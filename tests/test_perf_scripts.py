@@ -368,3 +368,20 @@ def test_bench_multi_gpu_compares_two_processes_with_one(tmp_path, capsys, monke
         ("train, resumed by 1", "1"),
     ]
     assert all(number(r["tokens/s"]) > 0 for r in rows if r["tokens/s"] != "-")
+
+
+def test_bench_capture_noise_takes_the_difference_apart(capsys):
+    """On the CPU the packed rows run each sample by itself: packing and reordering change
+    nothing, and bf16 against fp32 grows with depth."""
+    from tests.perf import bench_capture_noise
+
+    result = bench_capture_noise.main(
+        ["--shape", "tiny", "--samples", "3", "--lengths", "16", "32", "--device", "cpu"]
+    )
+    errors = result["errors"]
+    assert errors["batch composition only: the floor"] == [0.0] * 4
+    assert errors["packing (other samples in the row)"] == [0.0] * 4
+    assert all(0 < e < 0.1 for e in errors["bf16 rounding (alone, sdpa)"])
+    profile = result["bf16_vs_fp32_by_index"]
+    assert profile[-1] > profile[1] > 0
+    assert "the floor" in capsys.readouterr().out

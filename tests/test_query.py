@@ -124,15 +124,14 @@ def test_report_command_takes_its_paths_from_dvc_yaml():
     assert args[args.index("--metrics") + 1] == "reports/metrics.json"
 
 
-def test_launch_line(monkeypatch, capsys):
+def test_launch_line(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(ROOT)
     code, out, _ = run_stage(console.launch_line, [], monkeypatch, capsys)
     words = shlex.split(out)
     assert code == 0 and words[1:3] == ["-m", "sglang.launch_server"]
     assert words[words.index("--model-path") + 1] == "data/demo/target"
-    code, out, _ = run_stage(
-        console.launch_line, ["--drafter", "models/drafter"], monkeypatch, capsys
-    )
+    (tmp_path / "config.json").write_text("{}")
+    code, out, _ = run_stage(console.launch_line, ["--drafter", str(tmp_path)], monkeypatch, capsys)
     words = shlex.split(out)
     assert words[words.index("--speculative-algorithm") + 1] == "EAGLE3"
     assert words[words.index("--speculative-num-steps") + 1] == "3"
@@ -200,3 +199,13 @@ def test_every_option_a_user_types_has_help():
     for name, command in commands.items():
         bare = [p.name for p in command.params if p.param_type_name == "option" and not p.help]
         assert not bare, f"{name}: options without help {bare}"
+
+
+def test_launch_line_refuses_what_no_server_could_load(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(ROOT)
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text().replace("data/demo/target", "/no/model"))
+    code, _, err = run_stage(console.launch_line, ["--params", str(params)], monkeypatch, capsys)
+    assert code == 1 and "target.path: /no/model is no directory" in err, err
+    code, _, err = run_stage(console.launch_line, ["--drafter", "/no/drafter"], monkeypatch, capsys)
+    assert code == 1 and "--drafter /no/drafter: no config.json" in err, err

@@ -76,6 +76,12 @@ def launch_line(
 
     gen = config.section(config.GenerateParams, "generate", params)
     target = config.section(config.TargetParams, "target", params)
+    served = (gen.sglang.launch and gen.sglang.launch.model_path) or target.path
+    if not Path(served).is_dir():
+        key = "generate.sglang.launch.model_path" if served != target.path else "target.path"
+        raise StageError(f"{key}: {served} is no directory; the server would fail to load it")
+    if drafter is not None and not (drafter / "config.json").is_file():
+        raise StageError(f"--drafter {drafter}: no config.json there; give the exported drafter")
     command = server_command(gen.sglang.launch or config.SGLangLaunchParams(), target)
     if drafter is not None:
         b = config.section(config.BenchmarkParams, "benchmark", params)

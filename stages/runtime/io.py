@@ -615,11 +615,11 @@ class Progress:
         total_items: int,
         token_budget: int | None = None,
         every_s: float = 2.0,
-        stream=sys.stderr,
+        stream=None,
     ):
         self.label, self.total_items, self.token_budget = label, total_items, token_budget
         self.items = self.tokens = 0
-        self.every_s, self.stream = every_s, stream
+        self.every_s, self.stream = every_s, stream or sys.stderr  # stderr as it is now
         self.start = self.last = time.monotonic()
 
     def update(self, items: int, tokens: int) -> None:

@@ -25,8 +25,10 @@ bench_extract --compile times it, and the real stage end to end at the same shap
    deletes each finished shard after the first --keep-shards, so the run needs a few shards of
    disk, not all of them (a minute at Llama-8B widths, 32 KiB a token, is about 75 GiB).
 5. The kept first shard's first samples against the references: the largest relative error
-   ||stage - alone|| / ||alone|| of aux and last: bf16 rounding keeps it well under the
-   canary's 0.05; attention leaking from one sample into the next gave 1.2 at the tiny shape.
+   ||stage - alone|| / ||alone|| of aux and last. The stage's kernels (packed flash attention,
+   compiled layers) differ from the reference's, and random weights amplify that with depth
+   (bench_capture_noise.py takes it apart; docs/performance.md, "the capture's noise floor");
+   attention leaking from one sample into the next shows as an error near 1 at the tiny shape.
 
 On a GPU the goal is a stage at 90% or more of the forward alone (`x forward`). Prints a table and,
 with --json-out, writes the figures as JSON.
