@@ -415,11 +415,9 @@ class ExtractParams(Ranged):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.layers is not None and (
-            not self.layers or sorted(set(self.layers)) != self.layers or self.layers[0] < 1
-        ):
+        if self.layers is not None and (not self.layers or sorted(set(self.layers)) != self.layers):
             raise ParamsError(
-                f"extract.layers: {self.layers} must be distinct HF hidden-state indices >= 1 in "
+                f"extract.layers: {self.layers} must be distinct HF hidden-state indices in "
                 f"ascending order, e.g. [2, 16, 29] (or null for [2, N//2, N-3])"
             )
         if self.store == "none" and self.engine != "hf":
@@ -667,10 +665,11 @@ def _check_layers(raw: dict, path: Path | str) -> None:
         return
     cfg = yaml.safe_load((target / "config.json").read_text())  # JSON is YAML
     depth = (cfg.get("text_config") or cfg).get("num_hidden_layers")
-    if isinstance(depth, int) and any(not 1 <= i <= depth - 1 for i in layers):
+    outside = [i for i in layers if not 0 <= i <= depth - 1] if isinstance(depth, int) else []
+    if outside:
         raise ParamsError(
-            f"{path}:extract.layers: {layers} must lie in 1..{depth - 1}, the HF hidden-state "
-            f"indices of a target of {depth} layers ({target})"
+            f"{path}:extract.layers: HF hidden-state indices {outside} are outside "
+            f"0..{depth - 1} for a {depth}-layer target ({target})"
         )
 
 

@@ -17,7 +17,7 @@ from transformers import AutoConfig
 
 from stages import train as train_stage
 from stages import vocab as vocab_stage
-from stages.artifacts.hidden import HiddenStates
+from stages.artifacts.hidden import HiddenMeta, HiddenStates
 from stages.artifacts.merged import COLUMNS, iter_rows, split_path
 from stages.capture.hooks import FeatureExtractor, decoder_parts
 from stages.drafter.export import check_export
@@ -164,7 +164,17 @@ def test_train_refuses_kimi_yarn_without_a_serving_version(target, tmp_path, mon
     work, naming the param; rope: plain or a version from 0.5.16 on is what it asks for."""
     hidden_dir = tmp_path / "hidden"
     hidden_dir.mkdir()
-    (hidden_dir / "meta.json").write_text(json.dumps({"aux_hf_indices": AUX, "fingerprint": "x"}))
+    meta = HiddenMeta(
+        fingerprint="x",
+        target_path=str(target),
+        architecture="DeepseekV3ForCausalLM",
+        num_hidden_layers=TINY["num_hidden_layers"],
+        hidden_size=TINY["hidden_size"],
+        aux_hf_indices=AUX,
+        dtype="float32",
+        bytes_per_token=0,
+    )
+    (hidden_dir / "meta.json").write_text(json.dumps(meta.to_json()))
     vocab = tmp_path / "vocab.safetensors"
     used = torch.arange(256)
     t2d = torch.zeros(TINY["vocab_size"], dtype=torch.bool)

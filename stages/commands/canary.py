@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Annotated
 
 import torch
 import typer
@@ -156,18 +157,22 @@ def load_served(path: Path, samples: list[list[int]], indices: list[int]) -> tor
 
 
 def main(
-    merged: Path = typer.Option(..., help="the merge stage's output (data/merged)"),
-    samples: int = typer.Option(8, help="merged samples compared, from the first split"),
-    sglang_version: str | None = typer.Option(
-        None, help="the http reference server's SGLang release, where its layer ids depend on it"
-    ),
-    save_reference: Path | None = typer.Option(
-        None, help="only fetch the server's states of the samples into this file"
-    ),
-    load_reference: Path | None = typer.Option(
-        None, help="compare with the states saved by --save-reference"
-    ),
-    params: Path = typer.Option(config.PARAMS_FILE, help="the params file"),
+    merged: Annotated[Path, typer.Option(help="the merge stage's output (data/merged)")],
+    samples: Annotated[int, typer.Option(help="merged samples compared, from the first split")] = 8,
+    sglang_version: Annotated[
+        str | None,
+        typer.Option(
+            help="the http reference server's SGLang release, where its layer ids depend on it"
+        ),
+    ] = None,
+    save_reference: Annotated[
+        Path | None,
+        typer.Option(help="only fetch the server's states of the samples into this file"),
+    ] = None,
+    load_reference: Annotated[
+        Path | None, typer.Option(help="compare with the states saved by --save-reference")
+    ] = None,
+    params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
 ) -> None:
     """Compare the engine's features of `samples` merged samples with the reference; exit 1 if
     a layer is off. http reference: `--save-reference FILE` only fetches the server's states,

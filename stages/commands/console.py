@@ -12,6 +12,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 import yaml
@@ -45,7 +46,9 @@ def stage_args(dvc_file: Path, stage: str, module: str) -> list[str]:
 
 @app.command()
 def report(
-    dvc_file: Path = typer.Option(Path("dvc.yaml"), help="the pipeline file naming its paths"),
+    dvc_file: Annotated[Path, typer.Option(help="the pipeline file naming its paths")] = Path(
+        "dvc.yaml"
+    ),
 ) -> None:
     """Rebuild the HTML report, metrics and model card from the current artifacts.
 
@@ -63,8 +66,10 @@ def report(
 
 @app.command("launch-line")
 def launch_line(
-    drafter: Path | None = typer.Option(None, help="add the speculative flags for this drafter"),
-    params: Path = typer.Option(config.PARAMS_FILE, help="the params file"),
+    drafter: Annotated[
+        Path | None, typer.Option(help="add the speculative flags for this drafter")
+    ] = None,
+    params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
 ) -> None:
     """Print the SGLang launch line that params give.
 

@@ -8,6 +8,7 @@ inside `python -m stages.generate`). Reads params `target`, `generate` and the d
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -16,10 +17,14 @@ from ..cli import StageError, run
 
 
 def main(
-    samples: int = typer.Option(32, help="prompts timed per dataset"),
-    params: Path = typer.Option(config.PARAMS_FILE, help="the params file"),
-    prompts_dir: Path = typer.Option(Path("data/prompts"), help="the prep stage's prompts"),
-    raw_dir: Path = typer.Option(Path("data/raw"), help="what generate has written so far"),
+    samples: Annotated[int, typer.Option(help="prompts timed per dataset")] = 32,
+    params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
+    prompts_dir: Annotated[Path, typer.Option(help="the prep stage's prompts")] = Path(
+        "data/prompts"
+    ),
+    raw_dir: Annotated[Path, typer.Option(help="what generate has written so far")] = Path(
+        "data/raw"
+    ),
 ) -> None:
     """Time `samples` prompts per dataset and project hours per dataset."""
     # imported here, not at the top: `eagle-pipeline --help` loads no engine

@@ -64,8 +64,8 @@ def main(
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="name=value")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV instead of a table")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
-    data_dir: Path = typer.Option(Path("data"), help="where the artifacts are"),
-    params: Path = typer.Option(config.PARAMS_FILE, help="the params file"),
+    data_dir: Annotated[Path, typer.Option(help="where the artifacts are")] = Path("data"),
+    params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
 ) -> None:
     """List the named DuckDB questions, or answer one (or any SQL) over the current artifacts."""
     # imported here, not at the top: `eagle-pipeline --help` loads neither DuckDB nor torch

@@ -115,7 +115,7 @@ def test_only_the_capture_engine_imports_sglang():
                 names = [node.module or ""]
             if any(n == "sglang" or n.startswith("sglang.") for n in names):
                 importers.append(path.relative_to(ROOT).as_posix())
-    assert sorted(set(importers)) == ["stages/engines/sglang_capture.py"]
+    assert sorted(set(importers)) == ["stages/capture/sglang.py"]
 
 
 def test_a_missing_release_says_how_to_fetch_it():

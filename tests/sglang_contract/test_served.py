@@ -24,8 +24,14 @@ from .release import require, supported_versions
 pytestmark = pytest.mark.releases
 
 # The modules that talk to an SGLang server, and what of SGLang each one names.
-CLIENT_MODULES = ("sglang.py", "sglang_bench.py", "served_hidden.py", "monitor.py")
 ENGINES = ROOT / "stages" / "engines"
+SERVED = ROOT / "stages" / "capture" / "served.py"  # the canary's reference over HTTP
+CLIENT_MODULES = (
+    ENGINES / "sglang.py",
+    ENGINES / "sglang_bench.py",
+    SERVED,
+    ENGINES / "monitor.py",
+)
 
 
 @pytest.fixture(params=supported_versions())
@@ -84,8 +90,8 @@ def test_generate_body_fields(release):
 
 def test_meta_info_keys_read(release):
     read = set()
-    for name in CLIENT_MODULES:
-        read |= keys_read(ENGINES / name, "meta_info") | keys_read(ENGINES / name, "meta")
+    for path in CLIENT_MODULES:
+        read |= keys_read(path, "meta_info") | keys_read(path, "meta")
     assert {"finish_reason", "completion_tokens", "spec_verify_ct", "hidden_states"} <= read
     unknown = read - served.meta_info_keys(release)
     assert not unknown, f"meta_info keys {unknown} are never written by SGLang {release.version}"
@@ -98,8 +104,8 @@ def test_meta_info_keys_read(release):
 def test_routes_called(release):
     called = {
         s.split("?")[0]
-        for name in CLIENT_MODULES + ("sglang_server.py",)
-        for s in string_constants(ENGINES / name)
+        for path in (*CLIENT_MODULES, ENGINES / "sglang_server.py")
+        for s in string_constants(path)
         if s.startswith("/") and s[1:2].isalpha() and " " not in s
     }
     assert {"/generate", "/health", "/server_info", "/model_info", "/metrics"} <= called
@@ -144,9 +150,7 @@ def test_served_reference_flags(release):
     """The canary's served reference needs --enable-return-aux-hidden-states: the releases that
     have it must have every flag it names; the others must be refused by version."""
     named = set(served.FLAG.findall(served_hidden.served_flags([1, 2, 3])))
-    named |= {
-        f for s in string_constants(ENGINES / "served_hidden.py") for f in served.FLAG.findall(s)
-    }
+    named |= {f for s in string_constants(SERVED) for f in served.FLAG.findall(s)}
     flags = served.launch_flags(release)
     if "--enable-return-aux-hidden-states" in flags:
         assert named <= flags, f"{sorted(named - flags)} are no flags of {release.version}"
