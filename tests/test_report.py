@@ -220,7 +220,7 @@ def test_dvc_yaml_declares_one_metrics_file_after_the_benchmark():
     assert metrics == ["reports/metrics.json"]
     outs = {path: e for body in bodies.values() for path, e in named(body.get("outs", [])).items()}
     for path in DETAILED:
-        assert outs[path] == {path: {"cache": False}}, path
+        assert outs[path] == {path: {"cache": False, "persist": True}}, path  # plain outputs
     deps = bodies["report"]["deps"]
     assert {"reports/benchmark.json", "reports/train.json", "models/drafter"} <= set(deps)
     assert "models/card/README.md" in named(bodies["report"]["outs"])
