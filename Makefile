@@ -34,8 +34,8 @@ demo: setup
 
 # Lint, format, types of the library, and the structure (dvc.yaml deps = imports; layering).
 check: setup
-	$(BIN)/ruff check stages tests tools
-	$(BIN)/ruff format --check stages tests tools
+	$(BIN)/ruff check stages tests tools demo
+	$(BIN)/ruff format --check stages tests tools demo
 	$(BIN)/mypy
 	$(BIN)/python tools/structure.py
 
@@ -69,10 +69,10 @@ params-doc: setup
 
 # Rebuild the committed demo target and prompt files (not part of `dvc repro`).
 target: setup
-	$(BIN)/python -m stages.demo.build_target --out data/demo/target
+	$(BIN)/python -m demo.build_target --out data/demo/target
 
 prompts: setup
-	$(BIN)/python -m stages.demo.write_prompts --out data/demo/prompts
+	$(BIN)/python -m demo.write_prompts --out data/demo/prompts
 
 clean:
 	rm -rf data/prompts data/raw data/merged data/vocab data/hidden models reports .dvc/cache

@@ -31,7 +31,10 @@ from .drafter.export import check_exported, load_drafter
 from .drafter.speculate import acceptance_stats, choose, speculative_generate
 from .engines import AuthError, Sampling
 from .engines.sglang import SGLangEngine
-from .engines.sglang_bench import (
+from .runtime.files import write_csv, write_json
+from .runtime.outputs import remove_stale_temps_around
+from .runtime.progress import Progress
+from .serving.bench import (
     ServerRun,
     check_plain_server,
     check_speculative_server,
@@ -40,8 +43,7 @@ from .engines.sglang_bench import (
     server_facts,
     speculative_args,
 )
-from .engines.sglang_server import is_healthy, launch_command
-from .runtime.io import Progress, remove_stale_temps_around, write_csv, write_json
+from .serving.launch import is_healthy, launch_command
 from .sources import SourceError, prompt_messages, read_conversations
 from .target.model import load_causal_lm
 from .target.tokenizer import render_prompt

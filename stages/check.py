@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import config
 from .cli import PathOpt, run
-from .runtime.io import write_json
+from .runtime.files import write_json
 
 
 def main(out: PathOpt, params: Path = config.PARAMS_FILE) -> None:

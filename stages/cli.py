@@ -23,7 +23,7 @@ class StageError(RuntimeError):
 
 
 # OS errors a stage reports in one line: a full disk or quota, a folder it may not write, an
-# output folder another process holds (stages/runtime/io.py WriteFailed, OutputLocked), another
+# output folder another process holds (stages/runtime WriteFailed, OutputLocked), another
 # torchrun rank lost (stages/runtime/parallel.py CollectiveFailed)
 ONE_LINE_ERRNOS = frozenset(
     {

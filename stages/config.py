@@ -188,7 +188,7 @@ class SGLangLaunchParams(Ranged):
     model_path: str | None = param(None, "What the server serves (null: target.path).")
     module: str = param(
         "sglang.launch_server",
-        "The server's module; stages.engines.hf_server serves the same API on the CPU.",
+        "The server's module (tests put their stand-in, tests.doubles.hf_server, here).",
     )
     server_args: SGLangServerArgs = param(help="The server's flags.", factory=SGLangServerArgs)
     extra_args: list[str] = param(

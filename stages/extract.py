@@ -47,15 +47,9 @@ from .capture.shards import CaptureTimes, ShardCapture, leading_rows, timed_rate
 from .cli import PathOpt, params_key, run, summary
 from .runtime import parallel
 from .runtime.device import resolve_device
-from .runtime.io import (
-    Progress,
-    empty_dir,
-    output_lock,
-    remove_stale_temps,
-    remove_stale_temps_around,
-    remove_with_checksum,
-    write_json,
-)
+from .runtime.files import remove_with_checksum, write_json
+from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
+from .runtime.progress import Progress
 from .target.tokenizer import model_fingerprint
 from .wiring.capture import DTYPES, build_capture, config_only_facts
 

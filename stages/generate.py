@@ -31,15 +31,10 @@ from .artifacts.raw import (
 )
 from .cli import PathOpt, StageError, run, summary
 from .engines import AuthError, Completion, EngineError, Sampling
-from .engines.monitor import Backlog, GenerationMonitor, run_backlog
 from .engines.turns import Output, RenderPrompt, TurnQueue
-from .runtime.io import (
-    empty_dir,
-    output_lock,
-    remove_stale_temps,
-    remove_stale_temps_around,
-    write_json,
-)
+from .runtime.files import write_json
+from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
+from .serving.monitor import Backlog, GenerationMonitor, run_backlog
 from .target.history import HistoryRenderer
 from .target.tokens import TokenRoles, analyze_output
 from .wiring.engines import make_engine, sampling_for

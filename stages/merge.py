@@ -26,13 +26,8 @@ from . import config
 from .artifacts import merged
 from .cli import PathOpt, StageError, run
 from .queries import file_list, open_samples, rows, sql
-from .runtime.io import (
-    atomic_path,
-    output_lock,
-    remove_stale_temps_around,
-    temp_path,
-    write_json,
-)
+from .runtime.files import atomic_path, temp_path, write_json
+from .runtime.outputs import output_lock, remove_stale_temps_around
 from .wiring.artifacts import raw_files
 
 COUNTS = (

@@ -21,7 +21,8 @@ from pathlib import Path
 from . import config
 from .artifacts.prompts import PromptSettings, write_prompts
 from .cli import PathOpt, StageError, run, summary
-from .runtime.io import remove_stale_temps_around, write_json
+from .runtime.files import write_json
+from .runtime.outputs import remove_stale_temps_around
 from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
 from .target.template import ChatTemplate, TemplateError
 from .wiring.target import target_roles, target_tokenizer

@@ -18,7 +18,8 @@ from pathlib import Path
 from . import config
 from .cli import PathOpt, StageError, run
 from .queries.quality import QUESTIONS, quality_answers
-from .runtime.io import remove_stale_temps_around, write_csv, write_json, write_text
+from .runtime.files import write_csv, write_json, write_text
+from .runtime.outputs import remove_stale_temps_around
 from .wiring.artifacts import raw_files
 
 HISTOGRAM_COLUMNS = ["dataset", "measure", "bucket", "bucket_start", "samples"]

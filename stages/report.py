@@ -30,7 +30,8 @@ from .reporting.card import CardFacts, model_card, sglang_command, vllm_command
 from .reporting.page import ReportData, render
 from .reporting.samples import sample_views
 from .reporting.summary import run_metrics
-from .runtime.io import remove_stale_temps_around, write_json, write_text
+from .runtime.files import write_json, write_text
+from .runtime.outputs import remove_stale_temps_around
 from .wiring.artifacts import raw_files
 from .wiring.target import target_roles, target_tokenizer
 

@@ -36,16 +36,8 @@ from .drafter.model import Eagle3Config, Eagle3Drafter, rope_serving_problem
 from .drafter.training import LoopSettings, Objective, TargetFeatures, feature_dtype, train
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
-from .runtime.io import (
-    ChecksumError,
-    empty_dir,
-    output_lock,
-    remove_stale_temps,
-    remove_stale_temps_around,
-    verify_checksum,
-    write_csv,
-    write_json,
-)
+from .runtime.files import ChecksumError, verify_checksum, write_csv, write_json
+from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
 from .target.model import load_causal_lm
 from .target.weights import embedding_and_head
 

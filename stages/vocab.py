@@ -18,7 +18,9 @@ from .artifacts.merged import split_path
 from .cli import PathOpt, StageError, run, summary
 from .drafter.vocab import build_draft_vocab
 from .queries import rows
-from .runtime.io import atomic_path, remove_stale_temps_around, save_safetensors, write_json
+from .runtime.files import atomic_path, write_json
+from .runtime.outputs import remove_stale_temps_around
+from .runtime.tensor_file import save_safetensors
 
 
 def supervised_counts(train_file: Path, vocab_size: int) -> torch.Tensor:

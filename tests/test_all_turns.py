@@ -16,7 +16,6 @@ from stages.artifacts.hidden import span_mask
 from stages.artifacts.raw import read_raw
 from stages.cli import StageError
 from stages.engines.hf import HFEngine
-from stages.engines.hf_server import HFServer, model_eos_ids
 from stages.generate import generate_dataset
 from stages.merge import merge
 from stages.prep import prepare
@@ -26,6 +25,7 @@ from stages.target.tokenizer import pad_id, render_prompt
 from stages.vocab import supervised_counts
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, ROOT, SHARED
+from tests.doubles.hf_server import HFServer, model_eos_ids
 from tests.rawdata import write_raw
 
 WEATHER = {
@@ -380,7 +380,7 @@ def test_mt_bench_regenerates_both_questions(tmp_path, hf_engine, tok, eot):
 
 
 def test_prep_refuses_a_template_that_rewrites_earlier_turns(prompts, tmp_path):
-    template = (ROOT / "stages" / "demo" / "chat_template.jinja").read_text()
+    template = (ROOT / "demo" / "chat_template.jinja").read_text()
     dropping = template.replace(
         "{{ message.reasoning_content or '' }}",
         "{{ message.reasoning_content if loop.last else '' }}",

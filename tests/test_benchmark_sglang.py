@@ -21,22 +21,23 @@ from stages.cli import StageError
 from stages.config import BenchmarkParams, BenchmarkSGLangParams, SGLangLaunchParams, TargetParams
 from stages.drafter.export import export_drafter, load_drafter
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
-from stages.engines import Completion, Sampling, hf_server
+from stages.engines import Completion, Sampling
 from stages.engines.hf import HFEngine
-from stages.engines.hf_server import HFServer, Speculative, model_eos_ids
 from stages.engines.sglang import Reply, SGLangError
-from stages.engines.sglang_bench import (
+from stages.serving.bench import (
     ServerRun,
     acceptance,
     check_speculative_server,
     measure,
     server_facts,
 )
-from stages.engines.sglang_server import is_healthy
+from stages.serving.launch import is_healthy
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import STORIES, STORIES_REL
+from tests.doubles import hf_server
+from tests.doubles.hf_server import HFServer, Speculative, model_eos_ids
 from tests.engines.conftest import client, free_port
 
 TEMPLATE = Path(__file__).parent / "fixtures" / "stories_chat_template.jinja"
@@ -339,7 +340,7 @@ def test_launch_mode_starts_both_servers_in_turn(
 ):
     port = free_port()
     launch = {
-        "module": "stages.engines.hf_server",
+        "module": "tests.doubles.hf_server",
         "health_timeout_s": 60,
         "server_args": {"port": port, "max_running_requests": 4},
         "log_file": str(tmp_path / "server.log"),
@@ -347,7 +348,7 @@ def test_launch_mode_starts_both_servers_in_turn(
     report = run_stage(tmp_path, target, eval_file, drafter_dir, launch=launch)
     commands = expected_commands(
         drafter_dir,
-        "stages.engines.hf_server",
+        "tests.doubles.hf_server",
         (
             "--host",
             "127.0.0.1",

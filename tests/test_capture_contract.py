@@ -45,7 +45,7 @@ from stages.cli import StageError
 from stages.commands import canary
 from stages.drafter.layers import serving_layer_ids, sglang_captured_indices
 from stages.extract import extract
-from stages.runtime.io import CHECKSUM_SUFFIX
+from stages.runtime.files import CHECKSUM_SUFFIX
 from stages.target.model import load_causal_lm
 from stages.wiring.capture import build_capture
 from tests import fake_sglang

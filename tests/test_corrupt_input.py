@@ -14,7 +14,8 @@ import yaml
 
 from stages import extract, generate, merge, quality, train
 from stages.artifacts.raw import read_raw
-from stages.runtime import io
+from stages.runtime import files
+from stages.runtime.outputs import remove_stale_temps
 from tests.project import copy_project, ran_stages, sh
 from tests.reliability import (
     demo_params,
@@ -46,7 +47,7 @@ DAMAGE = {
     "bit-flipped": (flip_bit, "its sha256 differs from the one recorded when it was written"),
     "truncated": (truncate, "were written (truncated or cut off by a crash)"),
     "checksum lost": (
-        lambda p: io.checksum_path(p).unlink(),
+        lambda p: files.checksum_path(p).unlink(),
         "no checksum recorded (",
     ),
 }
@@ -54,18 +55,18 @@ DAMAGE = {
 
 def test_checksums_find_truncation_and_bit_flips(tmp_path):
     path = tmp_path / "a.bin"
-    with io.atomic_path(path, checksum=True) as tmp:
+    with files.atomic_path(path, checksum=True) as tmp:
         tmp.write_bytes(os.urandom(4096))
-    assert io.checksum_problem(path) is None
-    record = json.loads(io.checksum_path(path).read_text())
-    assert record == {"file": "a.bin", "bytes": 4096, "sha256": io.file_sha256(path)}
+    assert files.checksum_problem(path) is None
+    record = json.loads(files.checksum_path(path).read_text())
+    assert record == {"file": "a.bin", "bytes": 4096, "sha256": files.file_sha256(path)}
     for name, (damage, needle) in DAMAGE.items():
         copy = tmp_path / name.replace(" ", "-")
         copy.write_bytes(path.read_bytes())
-        io.checksum_path(copy).write_text(io.checksum_path(path).read_text())
+        files.checksum_path(copy).write_text(files.checksum_path(path).read_text())
         damage(copy)
-        with pytest.raises(io.ChecksumError) as err:
-            io.verify_checksum(copy)
+        with pytest.raises(files.ChecksumError) as err:
+            files.verify_checksum(copy)
         assert str(err.value).startswith(f"{copy}: ") and needle in str(err.value)
 
 
@@ -75,14 +76,14 @@ def test_a_checksum_recorded_by_a_killed_writer_is_put_in_place(tmp_path):
     good, stale = tmp_path / "good.parquet", tmp_path / "stale.parquet"
     for path in (good, stale):
         path.write_bytes(os.urandom(100))
-        sums = io.write_checksum(
-            path, path, io.file_sha256(path)
+        sums = files.write_checksum(
+            path, path, files.file_sha256(path)
         )  # as atomic_path does, before its renames
-        os.replace(sums, io.temp_path(io.checksum_path(path), 999_999_999))  # a dead pid
+        os.replace(sums, files.temp_path(files.checksum_path(path), 999_999_999))  # a dead pid
     stale.write_bytes(os.urandom(100))  # the kill came before this file's rename
-    io.remove_stale_temps(tmp_path)
-    assert io.checksum_problem(good) is None
-    assert "no checksum recorded" in io.checksum_problem(stale)
+    remove_stale_temps(tmp_path)
+    assert files.checksum_problem(good) is None
+    assert "no checksum recorded" in files.checksum_problem(stale)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "good.parquet",
         "good.parquet.sha256.json",

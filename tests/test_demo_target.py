@@ -12,8 +12,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from stages.demo import build_target, corpus
-from stages.demo.build_target import (
+from demo import build_target, corpus
+from demo.build_target import (
     SPECIAL_TOKENS,
     BuildConfig,
     build,
@@ -21,7 +21,7 @@ from stages.demo.build_target import (
     encode,
     greedy_replies,
 )
-from stages.demo.write_prompts import write_prompts
+from demo.write_prompts import write_prompts
 
 COMMITTED_TARGET = Path(__file__).resolve().parents[1] / "data" / "demo" / "target"
 TINY = BuildConfig(

@@ -28,7 +28,7 @@ from safetensors import SafetensorError
 from stages import extract, generate, train
 from stages.artifacts import hidden
 from stages.artifacts.raw import read_raw
-from stages.runtime import io
+from stages.runtime import files
 from tests.conftest import ROOT
 from tests.reliability import (
     extract_args,
@@ -175,7 +175,7 @@ def test_raw_parts_and_the_generate_report(tmp_path, generated, monkeypatch, cap
     assert code == 1
     assert_one_line_naming(err, raw / "part-00001.parquet")
     assert tree(raw) == ["part-00000.parquet", "part-00000.parquet.sha256.json"]
-    assert io.checksum_problem(raw / "part-00000.parquet") is None
+    assert files.checksum_problem(raw / "part-00000.parquet") is None
     assert not (tmp_path / "reports/generate/d.json").exists()
     monkeypatch.undo()
 
@@ -212,11 +212,11 @@ def test_shards(tmp_path, extracted, monkeypatch, capsys):
         "shard-00000.safetensors.sha256.json",
     ]
     for name in written[3:]:  # complete shards with their checksums, nothing else
-        shard = name.removesuffix(io.CHECKSUM_SUFFIX)
+        shard = name.removesuffix(files.CHECKSUM_SUFFIX)
         assert (
             re.fullmatch(r"shard-\d{5}\.safetensors", shard) and shard != "shard-00001.safetensors"
         )
-        assert io.checksum_problem(out / shard) is None
+        assert files.checksum_problem(out / shard) is None
     monkeypatch.undo()
     code, _, err = run_stage(extract.main, extract_args(tmp_path, "hidden"), monkeypatch, capsys)
     assert code == 0, err
@@ -250,7 +250,7 @@ def test_checkpoints_the_export_and_the_train_report(
     assert_one_line_naming(err, final)
     assert not final.exists() and leftovers(tmp_path) == []
     if where != "last.pt":  # training finished: its checkpoints are complete and checked
-        assert io.checksum_problem(tmp_path / "checkpoints/last.pt") is None
+        assert files.checksum_problem(tmp_path / "checkpoints/last.pt") is None
     monkeypatch.undo()
     code, out, err = run_stage(train.main, train_args(tmp_path, "hidden"), monkeypatch, capsys)
     assert code == 0, err
@@ -263,28 +263,30 @@ def test_a_read_only_folder_is_named(tmp_path, monkeypatch):
         raise OSError(errno.EROFS, "Read-only file system")
 
     monkeypatch.setattr(Path, "mkdir", read_only)
-    with pytest.raises(io.WriteFailed) as err:
-        io.write_json({"a": 1}, tmp_path / "reports" / "x.json")
+    with pytest.raises(files.WriteFailed) as err:
+        files.write_json({"a": 1}, tmp_path / "reports" / "x.json")
     assert str(err.value) == (
         f"cannot write {tmp_path / 'reports/x.json'}: read-only file system ({tmp_path} is not "
         f"writable); make the folder writable (or point the output elsewhere) and rerun"
     )
     assert err.value.errno == errno.EROFS
     monkeypatch.undo()
-    read_only_file = pytest.raises(io.WriteFailed, match="cannot write .*: read-only file system")
-    with read_only_file, io.atomic_path(tmp_path / "y.parquet") as tmp:
+    read_only_file = pytest.raises(
+        files.WriteFailed, match="cannot write .*: read-only file system"
+    )
+    with read_only_file, files.atomic_path(tmp_path / "y.parquet") as tmp:
         raise OSError(errno.EROFS, f"Failed to open local file '{tmp}'")
     assert tree(tmp_path) == []
 
 
 def test_an_error_that_is_not_about_space_stays_itself(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match="a bug"), io.atomic_path(tmp_path / "z.json") as tmp:
+    with pytest.raises(ValueError, match="a bug"), files.atomic_path(tmp_path / "z.json") as tmp:
         tmp.write_text("{")
         raise ValueError("a bug")
     real = shutil.disk_usage
     monkeypatch.setattr(shutil, "disk_usage", lambda p: Usage(real(p).total, real(p).total, 0))
     # a caller's own check keeps its words even on a full disk
-    with pytest.raises(ValueError, match="a bug"), io.atomic_path(tmp_path / "z.json"):
+    with pytest.raises(ValueError, match="a bug"), files.atomic_path(tmp_path / "z.json"):
         raise ValueError("a bug")
     assert tree(tmp_path) == []
 

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from stages.drafter.vocab import build_draft_vocab
-from stages.runtime.io import CHECKSUM_SUFFIX
+from stages.runtime.files import CHECKSUM_SUFFIX
 from stages.runtime.parallel import NCCL_ENV
 from tests.conftest import ROOT, STORIES, STORIES_REL
 

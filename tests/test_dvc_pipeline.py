@@ -92,7 +92,7 @@ def test_an_edit_to_a_chat_template_in_templates_reruns_the_stages_that_render_p
     """Params name the template file only by its path; the folder it is kept in is a dep of
     prep and generate, so an edit of the file itself (here a Jinja comment) reruns them."""
     template = repo / "templates" / "chat.jinja"
-    template.write_text((ROOT / "stages" / "demo" / "chat_template.jinja").read_text())
+    template.write_text((ROOT / "demo" / "chat_template.jinja").read_text())
     set_params(repo, lambda p: p["target"].update(chat_template="templates/chat.jinja"))
     sh(["dvc", "repro", "merge", "quality"], repo)
     sh(["git", "add", "-A"], repo)

@@ -26,7 +26,8 @@ import yaml
 
 from stages import config
 from stages.artifacts.raw import parts, read_raw
-from stages.runtime.io import checksum_path, checksum_problem, remove_stale_temps, temp_path
+from stages.runtime.files import checksum_path, checksum_problem, temp_path
+from stages.runtime.outputs import remove_stale_temps
 from tests.conftest import ROOT, STORIES_REL
 from tests.reliability import leftovers
 from tests.test_distributed import (
@@ -141,7 +142,7 @@ def test_remove_stale_temps_keeps_a_running_writers(tmp_path):
 KILLED_IN_A_SHARD_WRITE = """
 import os, signal, sys, torch
 from pathlib import Path
-from stages.runtime import io
+from stages.runtime import files, tensor_file
 
 class KilledMidway:  # the shard's file, as a kill -9 finds it: a header and some data written
     def __init__(self, out):
@@ -153,9 +154,9 @@ class KilledMidway:  # the shard's file, as a kill -9 finds it: a header and som
             os.kill(os.getpid(), signal.SIGKILL)
         return self.out.write(data)
 
-io.WRITE_CHUNK = 16
-with io.atomic_file(Path(sys.argv[1]) / "shard-00000.safetensors") as out:
-    io.save_safetensors({"x": torch.zeros(64)}, KilledMidway(out))
+tensor_file.WRITE_CHUNK = 16
+with files.atomic_file(Path(sys.argv[1]) / "shard-00000.safetensors") as out:
+    tensor_file.save_safetensors({"x": torch.zeros(64)}, KilledMidway(out))
 """
 
 

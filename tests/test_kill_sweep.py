@@ -65,7 +65,8 @@ import yaml
 from stages.artifacts.hidden import shard_files
 from stages.artifacts.raw import parts, read_raw
 from stages.cli import run
-from stages.runtime.io import LOCK_NAME, checksum_problem
+from stages.runtime.files import checksum_problem
+from stages.runtime.outputs import LOCK_NAME
 from tests.conftest import ROOT
 from tests.project import copy_project, ran_stages
 from tests.reliability import leftovers, tree

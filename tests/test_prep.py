@@ -201,7 +201,7 @@ def test_all_prompts_too_long_is_an_error(tmp_path, monkeypatch, capsys):
     assert code == 1 and "no usable prompt" in err and "too_long" in err, err
 
 
-DEMO_TEMPLATE = (ROOT / "stages" / "demo" / "chat_template.jinja").read_text()
+DEMO_TEMPLATE = (ROOT / "demo" / "chat_template.jinja").read_text()
 NO_GENERATION_PROMPT = DEMO_TEMPLATE.split("{%- if add_generation_prompt -%}")[0]
 
 

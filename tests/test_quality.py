@@ -2,7 +2,7 @@ import pytest
 
 from stages.config import ExpectParams, QualityParams
 from stages.quality import HISTOGRAM_COLUMNS, answer, gate, markdown, metrics
-from stages.runtime.io import write_csv
+from stages.runtime.files import write_csv
 from tests.rawdata import raw_row, write_raw
 
 EXPECT = {"chat": ExpectParams(reasoning=True), "fc": ExpectParams(reasoning=True, tool_calls=True)}

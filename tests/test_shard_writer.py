@@ -1,7 +1,7 @@
 """ShardWriter (stages/artifacts/hidden.py): shards written by several threads side by side, `put`
 waiting for the oldest write (what frees the extraction's host buffers in the order they are
 reused), every shard complete with its checksum, a failed write raised at the next put; the
-shard's own writer (stages/runtime/io.py save_safetensors into an atomic_file) against the
+shard's own writer (stages/runtime/tensor_file.py save_safetensors into an atomic_file) against the
 safetensors library's bytes; the host buffers the shards are filled in (FeatureBuffers),
 allocated beside the caller."""
 
@@ -18,8 +18,9 @@ from safetensors.torch import load_file, save_file
 
 from stages.artifacts import hidden
 from stages.capture.buffers import FeatureBuffers
-from stages.runtime import io
-from stages.runtime.io import atomic_file, checksum_path, checksum_problem, save_safetensors
+from stages.runtime import files, tensor_file
+from stages.runtime.files import atomic_file, checksum_path, checksum_problem
+from stages.runtime.tensor_file import save_safetensors
 
 
 class SlowSave:
@@ -99,8 +100,8 @@ def test_a_shard_has_the_bytes_safetensors_writes_and_the_hash_of_those_bytes(
     ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
     save_file({k: t.contiguous() for k, t in tensors.items()}, str(theirs), {"shard_key": key})
     want = hashlib.sha256(theirs.read_bytes()).hexdigest()
-    monkeypatch.setattr(io, "WRITE_CHUNK", 7)  # many writes, each hashed beside the next
-    monkeypatch.setattr(io.hashlib, "sha256", SlowSha256)
+    monkeypatch.setattr(tensor_file, "WRITE_CHUNK", 7)  # many writes, each hashed beside the next
+    monkeypatch.setattr(files.hashlib, "sha256", SlowSha256)
     with atomic_file(ours) as out:
         save_safetensors(tensors, out, {"shard_key": key})
     assert ours.read_bytes() == theirs.read_bytes()

@@ -87,7 +87,7 @@ def test_a_word_that_is_also_a_query_name_is_not_a_query():
             "from ..wiring import params_key",
             "the library imports the stage-side module stages.wiring",
         ),
-        ("runtime/io.py", "from ..artifacts import raw", "runtime may import ['runtime'], not "),
+        ("runtime/files.py", "from ..artifacts import raw", "runtime may import ['runtime'], not "),
         (
             "target/tokens.py",
             "from ..engines import Sampling",

@@ -28,9 +28,9 @@ LAYERS: dict[str, set[str]] = {
     "target": {"runtime"},
     "drafter": {"runtime", "artifacts"},
     "engines": {"runtime", "artifacts", "target", "drafter"},
+    "serving": {"runtime", "artifacts", "engines"},
     "capture": {"runtime", "target", "drafter", "engines"},
     "reporting": {"target"},
-    "demo": set(),
 }
 # The stage side besides the stage modules: plumbing every stage may import, the factories that
 # build library objects from params (stages/wiring/), and the commands run by hand

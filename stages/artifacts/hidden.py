@@ -38,13 +38,8 @@ import pyarrow.parquet as pq
 import torch
 from safetensors import safe_open
 
-from ..runtime.io import (
-    atomic_file,
-    checksum_problem,
-    save_safetensors,
-    verify_checksum,
-    write_parquet,
-)
+from ..runtime.files import atomic_file, checksum_problem, verify_checksum, write_parquet
+from ..runtime.tensor_file import save_safetensors
 from . import merged
 
 FEATURES = ("aux", "last")

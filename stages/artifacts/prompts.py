@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..runtime.io import write_parquet
+from ..runtime.files import write_parquet
 
 PROMPTS_SCHEMA = pa.schema(
     [

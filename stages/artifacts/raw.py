@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..runtime.io import checksum_problem, remove_with_checksum, verify_checksum, write_parquet
+from ..runtime.files import checksum_problem, remove_with_checksum, verify_checksum, write_parquet
 
 RAW_SCHEMA = pa.schema(
     [

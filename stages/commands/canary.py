@@ -35,7 +35,7 @@ from ..cli import StageError, params_key, run
 from ..drafter.layers import serving_layer_ids
 from ..runtime import parallel
 from ..runtime.device import resolve_device
-from ..runtime.io import atomic_path
+from ..runtime.files import atomic_path
 from ..target.model import load_causal_lm
 from ..wiring.capture import aux_indices, build_capture
 from ..wiring.target import api_key

@@ -76,7 +76,7 @@ def launch_line(
     generate.sglang.launch (else SGLang's defaults) serving the target; with --drafter, the
     EAGLE-3 flags of the benchmark's chain (benchmark.num_steps) added.
     """
-    from ..engines.sglang_bench import speculative_args
+    from ..serving.bench import speculative_args
     from ..wiring.engines import server_command
 
     gen = config.section(config.GenerateParams, "generate", params)

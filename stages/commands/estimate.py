@@ -30,7 +30,7 @@ def main(
     # imported here, not at the top: `eagle-pipeline --help` loads no engine
     import pyarrow.parquet as pq
 
-    from ..engines.monitor import project_hours, run_backlog
+    from ..serving.monitor import project_hours, run_backlog
     from ..wiring.engines import make_engine, sampling_for
     from ..wiring.target import target_roles, target_tokenizer
 

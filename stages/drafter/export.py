@@ -25,7 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..runtime.io import atomic_path
+from ..runtime.files import atomic_path
 from .layers import (
     parse_version,
     serving_layer_ids,

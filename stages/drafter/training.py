@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..artifacts.hidden import HiddenStates, collate
-from ..runtime.io import atomic_path, verify_checksum
+from ..runtime.files import atomic_path, verify_checksum
 from ..runtime.parallel import Rank
 from .fp8 import fp8_problem
 from .model import Eagle3Drafter

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from ..runtime.io import atomic_path
+from ..runtime.files import atomic_path
 
 
 def download(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..artifacts.raw import verified_parts
 from ..cli import StageError
-from ..runtime.io import ChecksumError
+from ..runtime.files import ChecksumError
 
 
 def raw_files(raw_dirs: Iterable[Path], stage: str) -> list[str]:

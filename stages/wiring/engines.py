@@ -6,8 +6,8 @@ import dataclasses
 
 from .. import config
 from ..cli import StageError, params_key
-from ..engines import Sampling, sglang_server
-from ..engines.sglang_server import SGLangServer, launch_command, server_url
+from ..engines import Sampling
+from ..serving.launch import SGLangServer, launch_command, server_url, start_server
 from ..target.tokenizer import pad_id
 from ..target.tokens import TokenRoles
 from .target import api_key
@@ -28,7 +28,7 @@ def start_launched(launch: config.SGLangLaunchParams, command: list[str], key: s
     """Start `command` and wait until it answers /health (it stops when the process exits);
     `key` is the params section of `launch`, named in errors."""
     with params_key(key):
-        return sglang_server.start_server(
+        return start_server(
             command,
             server_url(launch.server_args.host, launch.server_args.port),
             launch.health_timeout_s,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.distributed
 
-from stages.runtime.io import TEMP_NAME
+from stages.runtime.outputs import TEMP_NAME
 
 RECORD_DIR = Path(os.environ["RECORD_DIR"])
 RECORD_ROOT = Path(os.environ["RECORD_ROOT"]).resolve()

@@ -17,12 +17,12 @@ import torch
 from stages.artifacts.prompts import PROMPTS_SCHEMA
 from stages.config import TargetParams
 from stages.engines.hf import HFEngine
-from stages.engines.hf_server import HFServer, model_eos_ids
 from stages.engines.sglang import SGLangEngine
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, STORIES, STORIES_REL, require_shared
+from tests.doubles.hf_server import HFServer, model_eos_ids
 
 STORY_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m.content }} {% endfor %}"
 OPENINGS = [

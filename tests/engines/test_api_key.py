@@ -17,8 +17,8 @@ from stages import config, generate
 from stages.artifacts.raw import read_raw
 from stages.capture.served import served_aux
 from stages.engines import AuthError
-from stages.engines.monitor import ServerMetrics
-from stages.engines.sglang_bench import server_facts
+from stages.serving.bench import server_facts
+from stages.serving.monitor import ServerMetrics
 from stages.wiring.target import api_key
 from tests.stage_runner import run_stage
 
@@ -221,7 +221,7 @@ def test_key_names_are_accepted(tmp_path):
 
 
 def test_hf_server_takes_api_key_as_sglang_does():
-    from stages.engines.hf_server import HFServer
+    from tests.doubles.hf_server import HFServer
 
     server = HFServer(api_key=SECRET)
     try:

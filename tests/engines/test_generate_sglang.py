@@ -14,8 +14,9 @@ import pytest
 from stages import generate
 from stages.artifacts.raw import parts, read_raw
 from stages.config import GenerateParams, SGLangLaunchParams, SGLangParams, SGLangServerArgs
-from stages.engines import sglang_server
 from stages.engines.sglang import SGLangError
+from stages.serving.launch import is_healthy
+from stages.wiring import engines as wiring_engines
 from stages.wiring.engines import make_engine
 from tests.engines.conftest import free_port
 
@@ -88,13 +89,13 @@ def test_stage_via_local_server_gives_the_hf_engine_samples(
 def test_stage_launches_the_server_from_params_and_stops_it(
     tmp_path, prompts_file, target, reference, monkeypatch
 ):
-    launched, start = [], sglang_server.start_server
+    launched, start = [], wiring_engines.start_server
 
     def start_and_keep(*args, **options):
         launched.append(start(*args, **options, poll_s=0.1))
         return launched[-1]
 
-    monkeypatch.setattr(sglang_server, "start_server", start_and_keep)
+    monkeypatch.setattr(wiring_engines, "start_server", start_and_keep)
     args = SGLangServerArgs(
         port=free_port(),
         max_running_requests=8,
@@ -104,7 +105,7 @@ def test_stage_launches_the_server_from_params_and_stops_it(
         hicache_size=4,
     )
     launch = SGLangLaunchParams(
-        module="stages.engines.hf_server",
+        module="tests.doubles.hf_server",
         server_args=args,
         health_timeout_s=60,
         log_file=str(tmp_path / "server.log"),
@@ -117,12 +118,12 @@ def test_stage_launches_the_server_from_params_and_stops_it(
         generate.generate_dataset("t", prompts_file, out, gen, 10**6, target)
         (server,) = launched
         assert server.url == f"http://127.0.0.1:{args.port}"
-        assert sglang_server.is_healthy(server.url)
+        assert is_healthy(server.url)
     finally:
         for server in launched:
             server.stop()
     assert samples(out) == reference
-    assert server.process.poll() is not None and not sglang_server.is_healthy(server.url)
+    assert server.process.poll() is not None and not is_healthy(server.url)
 
 
 def test_budget_stops_scheduling_and_the_overshoot_is_reported(

@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 from stages.engines import Completion, Sampling
-from stages.engines.hf_server import BadRequest, _Job, parse_generate, reply
-from stages.engines.monitor import parse_metrics
+from stages.serving.monitor import parse_metrics
+from tests.doubles.hf_server import BadRequest, _Job, parse_generate, reply
 
 
 @pytest.mark.parametrize(

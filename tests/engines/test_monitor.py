@@ -12,7 +12,7 @@ import yaml
 
 from stages.commands import estimate
 from stages.engines import Completion, Sampling
-from stages.engines.monitor import Backlog, GenerationMonitor, backlog, parse_metrics, project_hours
+from stages.serving.monitor import Backlog, GenerationMonitor, backlog, parse_metrics, project_hours
 from tests.rawdata import raw_row, write_raw
 
 

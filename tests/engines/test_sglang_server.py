@@ -14,7 +14,7 @@ import time
 import pytest
 
 from stages.config import SGLangServerArgs
-from stages.engines.sglang_server import (
+from stages.serving.launch import (
     ServerError,
     SGLangServer,
     launch_command,
@@ -151,7 +151,7 @@ def test_ctrl_c_or_sigterm_of_the_run_stops_the_server(sig):
     port = free_port()
     run = f"""
 import time
-from stages.engines.sglang_server import start_server
+from stages.serving.launch import start_server
 server = start_server({[sys.executable, "-c", HEALTHY_SERVER, str(port)]!r},
                       "http://127.0.0.1:{port}", 30, poll_s=0.05)
 print(server.process.pid, flush=True)

@@ -55,7 +55,7 @@ from stages.capture.hooks import FeatureExtractor, compile_layers
 from stages.drafter.layers import default_aux_indices
 from stages.extract import extract
 from stages.runtime.device import resolve_device
-from stages.runtime.io import CHECKSUM_SUFFIX, remove_with_checksum
+from stages.runtime.files import CHECKSUM_SUFFIX, remove_with_checksum
 from tests.perf.bench_extract import (
     SHAPES,
     batch_shape,

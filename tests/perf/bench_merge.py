@@ -38,7 +38,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from stages.artifacts.raw import RAW_SCHEMA
-from stages.runtime.io import atomic_path
+from stages.runtime.files import atomic_path
 from tests.perf.bench_extract import print_table
 
 VOCAB = 150_000  # token ids are drawn below this

@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from stages.drafter.vocab import build_draft_vocab
-from stages.runtime.io import CHECKSUM_SUFFIX, checksum_problem
+from stages.runtime.files import CHECKSUM_SUFFIX, checksum_problem
 from tests.perf.bench_extract import SHAPES, build_target, print_table
 from tests.perf.bench_train import DRAFT_VOCAB
 

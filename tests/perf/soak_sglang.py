@@ -1,5 +1,5 @@
 """Soak of the sglang engine: many requests against the local SGLang-protocol server
-(stages/engines/hf_server.py with its HashEngine) that fails every 10th /generate (by turns a 503
+(tests/doubles/hf_server.py with its HashEngine) that fails every 10th /generate (by turns a 503
 and a connection closed unanswered) and is restarted mid-run. Every sample must come back exactly
 once, with the ids the server's generator gives it (what a fault-free run returns), and the
 client's resident memory must stay flat.
@@ -125,7 +125,7 @@ def run_client(url: str, requests: int, concurrency: int, warmup: int, done, res
 def serve(port: int, stats) -> None:
     """A forked server: HashEngine behind HFServer, failing every FAULT_EVERY-th /generate, until
     SIGTERM; then stopped as a killed server is, its counts added to `stats`."""
-    from stages.engines.hf_server import Faults, HashEngine, HFServer
+    from tests.doubles.hf_server import Faults, HashEngine, HFServer
 
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
@@ -146,7 +146,7 @@ def serve(port: int, stats) -> None:
 
 def expected_digests(requests: int) -> array.array:
     """Each sample's digest as the server's generator makes it: the fault-free run."""
-    from stages.engines.hf_server import HashEngine
+    from tests.doubles.hf_server import HashEngine
 
     engine = HashEngine()
     out = array.array("Q")

@@ -13,8 +13,9 @@ import pytest
 
 from stages import config
 from stages.capture import served as served_hidden
-from stages.engines import Sampling, sglang_bench
+from stages.engines import Sampling
 from stages.engines.sglang import request_body
+from stages.serving import bench as sglang_bench
 from stages.wiring.engines import server_command
 from tests.conftest import ROOT
 
@@ -25,12 +26,13 @@ pytestmark = pytest.mark.releases
 
 # The modules that talk to an SGLang server, and what of SGLang each one names.
 ENGINES = ROOT / "stages" / "engines"
+SERVING = ROOT / "stages" / "serving"
 SERVED = ROOT / "stages" / "capture" / "served.py"  # the canary's reference over HTTP
 CLIENT_MODULES = (
     ENGINES / "sglang.py",
-    ENGINES / "sglang_bench.py",
+    SERVING / "bench.py",
     SERVED,
-    ENGINES / "monitor.py",
+    SERVING / "monitor.py",
 )
 
 
@@ -104,7 +106,7 @@ def test_meta_info_keys_read(release):
 def test_routes_called(release):
     called = {
         s.split("?")[0]
-        for path in (*CLIENT_MODULES, ENGINES / "sglang_server.py")
+        for path in (*CLIENT_MODULES, SERVING / "launch.py")
         for s in string_constants(path)
         if s.startswith("/") and s[1:2].isalpha() and " " not in s
     }
@@ -140,10 +142,10 @@ def test_launch_flags(release):
 def test_flags_named_in_messages(release):
     """Flags the launcher, the served benchmark and the server's error texts tell a user to
     pass; the canary's served reference (SGLang >= 0.5.23) is checked on its own below."""
-    for name in ("sglang_server.py", "sglang_bench.py", "sglang.py"):
-        named = {f for s in string_constants(ENGINES / name) for f in served.FLAG.findall(s)}
+    for path in (SERVING / "launch.py", SERVING / "bench.py", ENGINES / "sglang.py"):
+        named = {f for s in string_constants(path) for f in served.FLAG.findall(s)}
         unknown = named - served.launch_flags(release)
-        assert not unknown, f"{name} names {sorted(unknown)}, no flags of {release.version}"
+        assert not unknown, f"{path.name} names {sorted(unknown)}, no flags of {release.version}"
 
 
 def test_served_reference_flags(release):
@@ -160,7 +162,7 @@ def test_served_reference_flags(release):
 
 
 def test_metrics_read(release):
-    read = {s for s in string_constants(ENGINES / "monitor.py") if s.startswith("sglang:")}
+    read = {s for s in string_constants(SERVING / "monitor.py") if s.startswith("sglang:")}
     assert read, "monitor.py reads no sglang: metric"
     unknown = read - served.metric_names(release)
     assert not unknown, f"SGLang {release.version} registers no metric {unknown}"

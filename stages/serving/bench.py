@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from . import Sampling, auth_failure, bearer_headers
-from .sglang import AUTH_STATUS, Reply, SGLangEngine, SGLangError
+from ..engines import Sampling, auth_failure, bearer_headers
+from ..engines.sglang import AUTH_STATUS, Reply, SGLangEngine, SGLangError
 
 ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
 INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name

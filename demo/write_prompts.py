@@ -1,6 +1,6 @@
 """Write the demo prompt files: held-out demo conversations in the real public dataset formats.
 
-    python -m stages.demo.write_prompts --out data/demo/prompts [--per-source N --seed S]
+    python -m demo.write_prompts --out data/demo/prompts [--per-source N --seed S]
 
 Each file holds the reference replies too, as the real datasets do; the pipeline keeps only the
 prompts and regenerates the replies with the target.
@@ -15,7 +15,7 @@ import os
 import random
 from pathlib import Path
 
-from stages.demo.corpus import (
+from demo.corpus import (
     CODE_TASKS,
     DEMO_SEED,
     GLAIVE_SYSTEM,

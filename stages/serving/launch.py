@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from ..engines import EngineError
 from ..runtime.parallel import NCCL_ENV
-from . import EngineError
 
 
 class ServerError(EngineError):

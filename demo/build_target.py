@@ -1,6 +1,6 @@
 """Build the demo target: a tiny Kimi-K2.5-like reasoning model trained on the synthetic corpus.
 
-    python -m stages.demo.build_target --out data/demo/target [--steps N --seed S]
+    python -m demo.build_target --out data/demo/target [--steps N --seed S]
 
 Trains a byte-level BPE tokenizer with Kimi's special tokens, a small Llama on the corpus rendered
 with the chat template (loss on the replies), then measures its greedy behaviour on the held-out
@@ -33,7 +33,7 @@ from transformers import (
 )
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from stages.demo.corpus import Conversation, demo_conversations, training_corpus
+from demo.corpus import Conversation, demo_conversations, training_corpus
 
 END_OF_TURN = "<|im_end|>"
 SPECIAL_TOKENS = (

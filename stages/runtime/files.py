@@ -1,12 +1,11 @@
-"""Atomic writes, checksums, output locks and progress reporting shared by the stages.
+"""Atomic writes and checksums: every output is written to a temporary sibling, synced to disk and
+renamed into place when complete, so neither a killed stage nor a crashed machine leaves a
+half-written file under a name a later stage reads.
 
-Every output is written to a temporary sibling, synced to disk and renamed into place when
-complete, so neither a killed stage nor a crashed machine leaves a half-written file under a name
-a later stage reads. A file written with `checksum=True` gets a sidecar `<name>.sha256.json`
-(its size and sha256), which readers verify: a file truncated or bit-flipped after it was written
-(a machine crash, a disk fault) is found before it is used. A write that fails for lack of space
-or permission raises `WriteFailed`, naming the path and the bytes it needed, with nothing left
-under the final name. `output_lock` keeps a second process out of an output folder.
+A file written with `checksum=True` gets a sidecar `<name>.sha256.json` (its size and sha256),
+which readers verify: a file truncated or bit-flipped after it was written (a machine crash, a disk
+fault) is found before it is used. A write that fails for lack of space or permission raises
+`WriteFailed`, naming the path and the bytes it needed, with nothing left under the final name.
 """
 
 from __future__ import annotations
@@ -14,15 +13,12 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
-import fcntl
 import hashlib
 import io
 import json
 import os
 import re
 import shutil
-import sys
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +28,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 CHECKSUM_SUFFIX = ".sha256.json"
-LOCK_NAME = ".stage.lock"
 # errors that say the disk (or its quota) is full, or the folder cannot be written
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _DENIED = (errno.EROFS, errno.EACCES, errno.EPERM)
@@ -57,17 +52,6 @@ class WriteFailed(OSError):
 
 class ChecksumError(ValueError):
     """A file differs from what was written (truncated, bit-flipped) or has no checksum."""
-
-
-class OutputLocked(OSError):
-    """Another running process holds the output folder's lock."""
-
-    def __init__(self, message: str, path: Path):
-        super().__init__(errno.EBUSY, message, str(path))
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
 
 
 def atomic_path(
@@ -137,31 +121,31 @@ def _replacing(
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        failed = _failed(err, final, None, size)
+        failed = write_failure(err, final, None, size)
         if failed is None:
             raise
         raise failed from err
     tmp = temp_path(final, os.getpid())
-    _remove(tmp)
+    remove_path(tmp)
     try:
         yield tmp
         _sync(tmp)
         sums = write_checksum(tmp, final, sha256(tmp)) if sha256 else None
         if tmp.is_dir() and final.exists():
-            _remove(final)
+            remove_path(final)
         os.replace(tmp, final)
         if sums is not None:
             os.replace(sums, checksum_path(final))
         _sync_dir(final.parent)
     except Exception as err:
-        failed = _failed(err, final, tmp, size)
+        failed = write_failure(err, final, tmp, size)
         if failed is None:
             raise
         raise failed from err
     finally:
-        _remove(tmp)
+        remove_path(tmp)
         if sha256:
-            _remove(temp_path(checksum_path(final), os.getpid()))
+            remove_path(temp_path(checksum_path(final), os.getpid()))
 
 
 def temp_path(final: Path, pid: int) -> Path:
@@ -169,61 +153,7 @@ def temp_path(final: Path, pid: int) -> Path:
     return final.with_name(f".{final.name}.tmp-{pid}")
 
 
-# torch's dtypes by safetensors' names, in the order of safetensors' own dtype list: a file holds
-# its tensors by that order, last first, then by name
-SAFETENSORS_DTYPES = {
-    "torch.bool": "BOOL",
-    "torch.uint8": "U8",
-    "torch.int8": "I8",
-    "torch.float8_e5m2": "F8_E5M2",
-    "torch.float8_e4m3fn": "F8_E4M3",
-    "torch.int16": "I16",
-    "torch.float16": "F16",
-    "torch.bfloat16": "BF16",
-    "torch.int32": "I32",
-    "torch.float32": "F32",
-    "torch.float64": "F64",
-    "torch.int64": "I64",
-}
-DTYPE_ORDER = {name: rank for rank, name in enumerate(SAFETENSORS_DTYPES)}
-WRITE_CHUNK = 64 << 20  # bytes a write (and a hash update) takes at a time
-
-
-def save_safetensors(
-    tensors: dict, out: BinaryIO | HashingWriter, metadata: dict[str, str] | None = None
-) -> None:
-    """`tensors` (name -> CPU tensor) in the safetensors format, written to `out` straight from
-    their memory: the same bytes as safetensors' `save_file` (its dtype order, then by name; the
-    header padded to 8 bytes), without the copy of every tensor it makes first, so a shard of
-    gigabytes is written once (with atomic_file: and hashed in the same pass)."""
-    import torch  # here, so that the stages writing no tensors do not load it
-
-    for name, t in tensors.items():
-        if str(t.dtype) not in SAFETENSORS_DTYPES:
-            raise ValueError(f"tensor {name!r}: safetensors has no dtype for {t.dtype}")
-    names = sorted(tensors, key=lambda name: (-DTYPE_ORDER[str(tensors[name].dtype)], name))
-    header: dict = {"__metadata__": metadata} if metadata else {}
-    offset = 0
-    for name in names:
-        t = tensors[name]
-        size = t.numel() * t.element_size()
-        header[name] = {
-            "dtype": SAFETENSORS_DTYPES[str(t.dtype)],
-            "shape": list(t.shape),
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
-    out.write(len(text).to_bytes(8, "little"))
-    out.write(text)
-    for name in names:
-        data = memoryview(tensors[name].contiguous().view(-1).view(torch.uint8).numpy())
-        for start in range(0, len(data), WRITE_CHUNK):
-            out.write(data[start : start + WRITE_CHUNK])
-
-
-def _failed(err: BaseException, final: Path, tmp: Path | None, size: int | None):
+def write_failure(err: BaseException, final: Path, tmp: Path | None, size: int | None):
     """`err` as a WriteFailed when it came from a full disk, a quota, a read-only folder or a
     missing permission (None otherwise). Libraries say so differently: pyarrow and open() with
     errno 28, safetensors in its message, torch.save only with "unexpected pos", so a failure
@@ -257,7 +187,7 @@ def _failed(err: BaseException, final: Path, tmp: Path | None, size: int | None)
     if not full and not (nearly_full and not isinstance(err, (ValueError, KeyError, TypeError))):
         return None  # a caller's own check (a ValueError...) keeps its words on a full disk too
     if tmp is not None:
-        _remove(tmp)
+        remove_path(tmp)
     free = shutil.disk_usage(where).free
     needed = f"about {_bytes(size)}" if size else "an unknown amount"
     return WriteFailed(
@@ -381,189 +311,16 @@ def verify_checksum(path: Path | str) -> None:
 def remove_with_checksum(path: Path) -> None:
     """Remove a file and its checksum, the checksum first: a kill in between leaves a file
     without a checksum (treated as not written), never a checksum without a file."""
-    _remove(checksum_path(path))
-    _remove(path)
+    remove_path(checksum_path(path))
+    remove_path(path)
 
 
-TEMP_NAME = re.compile(r"^\..+\.tmp-(\d+)$")  # `.<name>.tmp-<pid>`: `temp_path`'s names
-
-
-def remove_stale_temps(directory: Path | str) -> list[Path]:
-    """Remove the temp files (`.<name>.tmp-<pid>`) in `directory` whose process is gone, and
-    checksum files whose file is gone.
-
-    A kill -9 runs no cleanup, and a stage's output directory is hashed by DVC as a whole, so a
-    dead writer's half-written shard would join the output. A running process's temp files are
-    kept: under torchrun the other ranks write into the same directory (pids are this host's: a
-    directory shared between hosts needs every host's writers stopped first). A checksum a dead
-    writer had recorded but not yet renamed beside its file (killed between the two renames) is
-    put in place when it matches the file, so the file counts as written.
-    """
-    directory = Path(directory)
-    stale = [
-        p
-        for p in directory.glob(".*.tmp-*")
-        if (m := TEMP_NAME.match(p.name)) and not _running(int(m.group(1)))
-    ]
-    completed = [p for p in stale if _complete_checksum(p)]
-    stale = [p for p in stale if p not in completed]
-    orphans = [
-        p
-        for p in directory.glob(f"*{CHECKSUM_SUFFIX}")
-        if not (directory / p.name.removesuffix(CHECKSUM_SUFFIX)).exists()
-    ]
-    for path in stale + orphans:
-        _remove(path)
-    if stale:
-        print(
-            f"[io] removed {len(stale)} temp file(s) of killed processes in {directory}: "
-            f"{', '.join(p.name for p in stale)}"
-        )
-    if completed:
-        print(
-            f"[io] put {len(completed)} checksum(s) a killed process had recorded beside their "
-            f"file in {directory}"
-        )
-    if orphans:
-        print(
-            f"[io] removed {len(orphans)} checksum file(s) without their file in {directory}: "
-            f"{', '.join(p.name for p in orphans)}"
-        )
-    return stale + orphans
-
-
-def _complete_checksum(temp: Path) -> bool:
-    """Move a dead writer's recorded checksum (`.<file>.sha256.json.tmp-<pid>`) into place when
-    it describes the file now there (it was killed after renaming the file); True if moved."""
-    m = TEMP_NAME.match(temp.name)
-    name = temp.name[1 : temp.name.rindex(".tmp-")] if m else ""
-    if not name.endswith(CHECKSUM_SUFFIX) or not temp.is_file():
-        return False
-    data = temp.with_name(name.removesuffix(CHECKSUM_SUFFIX))
-    try:
-        record = json.loads(temp.read_text())
-        matches = (
-            data.is_file()
-            and data.stat().st_size == int(record["bytes"])
-            and file_sha256(data) == record["sha256"]
-        )
-    except (ValueError, KeyError, TypeError, OSError):
-        return False
-    if matches:
-        os.replace(temp, checksum_path(data))
-    return matches
-
-
-def remove_stale_temps_around(*outputs: Path | str) -> list[Path]:
-    """remove_stale_temps in the folder of every output a stage writes (a file's or a folder's
-    temp sibling: `reports/.train.json.tmp-<pid>`, `models/.drafter.tmp-<pid>`) and inside each
-    output that is a folder; a stage calls it before it writes anything."""
-    folders: list[Path] = []
-    for out in map(Path, outputs):
-        folders.append(out.parent)
-        if out.is_dir():
-            folders.append(out)
-    removed: list[Path] = []
-    for folder in dict.fromkeys(folders):
-        removed += remove_stale_temps(folder)
-    return removed
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
-
-
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
         with contextlib.suppress(FileNotFoundError):  # another rank removed it first
             path.unlink()
-
-
-def empty_dir(directory: Path | str, keep: tuple[str, ...] = (LOCK_NAME,)) -> None:
-    """Remove everything in `directory` but the names in `keep` (its lock, held by this process)."""
-    directory = Path(directory)
-    if not directory.exists():
-        return
-    for path in directory.iterdir():
-        if path.name not in keep:
-            _remove(path)
-
-
-@contextlib.contextmanager
-def output_lock(directory: Path | str, owner: str = "") -> Iterator[Path]:
-    """Hold `<directory>/.stage.lock` while writing the folder: a second process (a stage started
-    twice by hand) is refused with the holder's pid, instead of interleaving its writes.
-
-    The lock is an flock on the file, which the kernel releases when its holder dies, so a lock
-    left by a killed process (its pid in the file, not running) is taken over, and the file is
-    removed when its holder ends, before DVC hashes the folder (with the folder, when this call
-    created it and it is still empty). `owner`: a line for the message.
-    """
-    directory = Path(directory)
-    path = directory / LOCK_NAME
-    created = not directory.exists()
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        failed = _failed(err, path, None, None)
-        if failed is None:
-            raise
-        raise failed from err
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            failed = _failed(err, path, None, None)
-            if failed is None:
-                raise
-            raise failed from err
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(path)
-            os.close(fd)
-            raise OutputLocked(
-                f"{directory} is being written by another process ({holder or 'unknown'}, "
-                f"lock {path}); wait for it to finish or stop it, then rerun",
-                path,
-            ) from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the file was removed by its last holder after we opened it: again
-    stale = _read_holder(path)
-    if stale:
-        print(f"[io] took over the lock of a process that is gone ({stale}) in {directory}")
-    me = f"pid {os.getpid()}" + (f", {owner}" if owner else "")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (me + "\n").encode(), 0)
-    try:
-        yield path
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # while still holding the lock: a waiting process opens a new file
-        os.close(fd)
-        if created:  # a run that failed before writing leaves no empty folder behind
-            with contextlib.suppress(OSError):
-                directory.rmdir()
-
-
-def _read_holder(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
 
 
 def write_parquet(table: pa.Table, path: Path | str, *, checksum: bool = False) -> None:
@@ -601,50 +358,3 @@ def write_text(text: str, path: Path | str) -> None:
     data = text.encode()
     with atomic_path(path, len(data)) as tmp:
         tmp.write_bytes(data)
-
-
-class Progress:
-    """Items and tokens done, tokens/s and ETA against a token or item budget, on stderr.
-
-    Plain text lines (not a live bar) so the output stays readable in `dvc repro` logs and CI.
-    """
-
-    def __init__(
-        self,
-        label: str,
-        total_items: int,
-        token_budget: int | None = None,
-        every_s: float = 2.0,
-        stream=None,
-    ):
-        self.label, self.total_items, self.token_budget = label, total_items, token_budget
-        self.items = self.tokens = 0
-        self.every_s, self.stream = every_s, stream or sys.stderr  # stderr as it is now
-        self.start = self.last = time.monotonic()
-
-    def update(self, items: int, tokens: int) -> None:
-        self.items += items
-        self.tokens += tokens
-        now = time.monotonic()
-        if now - self.last >= self.every_s or self.items >= self.total_items:
-            self.last = now
-            print(self.line(), file=self.stream, flush=True)
-
-    def line(self) -> str:
-        elapsed = max(time.monotonic() - self.start, 1e-9)
-        rate = self.tokens / elapsed
-        item_left = (self.total_items - self.items) / max(self.items / elapsed, 1e-9)
-        eta = item_left
-        if self.token_budget:
-            eta = min(eta, max(self.token_budget - self.tokens, 0) / max(rate, 1e-9))
-        budget = f"/{self.token_budget:,}" if self.token_budget else ""
-        return (
-            f"[{self.label}] {self.items}/{self.total_items} samples  "
-            f"{self.tokens:,}{budget} tokens  {rate:,.0f} tok/s  "
-            f"elapsed {_hms(elapsed)}  eta {_hms(eta) if self.items else '?'}"
-        )
-
-
-def _hms(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..artifacts.raw import parts
-from . import Completion, Sampling, bearer_headers
+from ..engines import Completion, Sampling, bearer_headers
 
 
 @dataclass(frozen=True)

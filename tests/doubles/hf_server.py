@@ -2,7 +2,7 @@
 
 `/generate` (input_ids in, output_ids and meta_info out), `/health`, `/model_info` and `/metrics`
 behave as SGLang's do (docs/serving.md, section 1), so the sglang engine, the launcher and the
-monitor are tested against real sockets without a GPU; `python -m stages.engines.hf_server` takes
+monitor are tested against real sockets without a GPU; `python -m tests.doubles.hf_server` takes
 launch_server's flags, so it can stand in for SGLang in a launch. Requests that arrive together are
 generated as one HFEngine batch. Fault knobs (dropped connections, 503s, aborts, replies without
 output_ids, or every n-th request failing) make the failures the client must survive happen on
@@ -38,13 +38,13 @@ import torch
 import transformers
 from torch import nn
 
-from ..drafter.export import load_drafter
-from ..drafter.model import Eagle3Drafter, target_facts
-from ..drafter.speculate import SpecResult, speculative_generate
-from ..target.model import load_causal_lm
-from . import Completion, FinishReason, Request, Sampling, trim_at_stop
-from .hf import HFEngine
-from .sglang_bench import ALGORITHM
+from stages.drafter.export import load_drafter
+from stages.drafter.model import Eagle3Drafter, target_facts
+from stages.drafter.speculate import SpecResult, speculative_generate
+from stages.engines import Completion, FinishReason, Request, Sampling, trim_at_stop
+from stages.engines.hf import HFEngine
+from stages.serving.bench import ALGORITHM
+from stages.target.model import load_causal_lm
 
 # Sampling values this server honours; the others must be absent, null or neutral.
 SAMPLING_DEFAULTS: dict[str, Any] = {
