@@ -52,17 +52,17 @@ test-fast: setup sglang-releases
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # kill -9 at 21 seeded points per stage over the whole run of generate, extract and train, each
-# rerun and compared with an uninterrupted run (tests/test_kill_sweep.py; `make test` runs 3):
+# rerun and compared with an uninterrupted run (tests/runtime/test_kill_sweep.py; `make test` runs 3):
 # prints where the kills landed and what the reruns lost, duplicated or got wrong. Under an hour.
 kill-sweep: setup
-	KILL_SWEEP_POINTS=21 $(BIN)/python -m pytest -q tests/test_kill_sweep.py
+	KILL_SWEEP_POINTS=21 $(BIN)/python -m pytest -q tests/runtime/test_kill_sweep.py
 
 lock: setup
 	{ sed -n 1,2p constraints.txt; $(BIN)/pip freeze --exclude-editable \
 	  | grep -v "^torch==\|^nvidia-\|^triton==\|^eagle-pipeline"; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
-# docs/params.md from the typed params in stages/config.py (tests/test_params_doc.py fails when
+# docs/params.md from the typed params in stages/config.py (tests/stages/test_params_doc.py fails when
 # it is stale).
 params-doc: setup
 	$(BIN)/python tools/params_doc.py

@@ -19,6 +19,7 @@ import contextlib
 import shlex
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ from . import config
 from .artifacts.merged import iter_rows, split_path
 from .cli import PathOpt, StageError, params_key, run
 from .drafter.export import check_exported, load_drafter
-from .drafter.speculate import acceptance_stats, choose, speculative_generate
+from .drafter.speculate import SpecResult, acceptance_stats, choose, speculative_generate
 from .engines import AuthError, Sampling
 from .engines.sglang import SGLangEngine
 from .runtime.files import write_csv, write_json
@@ -96,6 +97,77 @@ def plain_decode(
     return out
 
 
+@dataclass
+class PairedDecodes:
+    """One prompt set decoded with the drafter and without at one temperature: acceptance comes
+    from the speculative results, the wall-clock speedup from the two sums of seconds."""
+
+    results: list[SpecResult] = field(default_factory=list)
+    spec_s: float = 0.0
+    base_s: float = 0.0
+    identical: int = 0  # prompts whose plain output equals the speculative one
+
+    def figures(self) -> dict:
+        """The prompt set's entry in benchmark.json; plain decoding's tau (1: a token per target
+        forward) stands beside the drafter's to compare against."""
+        stats = acceptance_stats(self.results)
+        return {
+            "prompts": len(self.results),
+            "tau": round(stats.tau, 4),
+            "conditional": [round(x, 4) for x in stats.conditional],
+            "unconditional": [round(x, 4) for x in stats.unconditional],
+            "verify_steps": stats.verify_steps,
+            "tokens": stats.tokens,
+            "baseline_tau": 1.0,
+            "wall_speedup": round(self.base_s / self.spec_s, 3),
+            "outputs_equal_baseline": self.identical,
+        }
+
+
+def decode_paired(
+    target,
+    drafter,
+    embed,
+    group: list[list[int]],
+    b: config.BenchmarkParams,
+    temperature: float,
+    stop_ids: list[int],
+    progress: Progress,
+) -> PairedDecodes:
+    """Each prompt decoded with the drafter, then plainly from the same seed, so the two outputs
+    can be compared and the two wall times set against each other."""
+    paired = PairedDecodes()
+    for i, prompt in enumerate(group):
+        g = torch.Generator().manual_seed(b.seed + i)
+        t0 = time.perf_counter()
+        r = speculative_generate(
+            target,
+            drafter,
+            embed,
+            prompt,
+            b.max_new_tokens,
+            b.num_steps,
+            temperature,
+            stop_ids,
+            g,
+        )
+        t1 = time.perf_counter()
+        base = plain_decode(
+            target,
+            prompt,
+            b.max_new_tokens,
+            temperature,
+            set(stop_ids),
+            torch.Generator().manual_seed(b.seed + i),
+        )
+        t2 = time.perf_counter()
+        paired.spec_s, paired.base_s = paired.spec_s + t1 - t0, paired.base_s + t2 - t1
+        paired.identical += base == r.output_ids
+        paired.results.append(r)
+        progress.update(1, len(r.output_ids) + len(base))
+    return paired
+
+
 def benchmark(
     target,
     drafter,
@@ -103,6 +175,7 @@ def benchmark(
     b: config.BenchmarkParams,
     stop_ids: list[int],
 ) -> dict:
+    """Every prompt set at every temperature, with the drafter and without: the hf report."""
     embed = target.get_input_embeddings()
     report: dict = {
         "num_steps": b.num_steps,
@@ -115,50 +188,13 @@ def benchmark(
     progress = Progress("benchmark", total)  # each prompt decoded twice: with the drafter, without
     for temperature in b.temperatures:
         per: dict = {}
-        all_results = []
+        all_results: list[SpecResult] = []
         for name, group in prompts.items():
-            results, spec_s, base_s, identical = [], 0.0, 0.0, 0
-            for i, prompt in enumerate(group):
-                g = torch.Generator().manual_seed(b.seed + i)
-                t0 = time.perf_counter()
-                r = speculative_generate(
-                    target,
-                    drafter,
-                    embed,
-                    prompt,
-                    b.max_new_tokens,
-                    b.num_steps,
-                    temperature,
-                    stop_ids,
-                    g,
-                )
-                t1 = time.perf_counter()
-                base = plain_decode(
-                    target,
-                    prompt,
-                    b.max_new_tokens,
-                    temperature,
-                    set(stop_ids),
-                    torch.Generator().manual_seed(b.seed + i),
-                )
-                t2 = time.perf_counter()
-                spec_s, base_s = spec_s + t1 - t0, base_s + t2 - t1
-                identical += base == r.output_ids
-                results.append(r)
-                progress.update(1, len(r.output_ids) + len(base))
-            stats = acceptance_stats(results)
-            per[name] = {
-                "prompts": len(group),
-                "tau": round(stats.tau, 4),
-                "conditional": [round(x, 4) for x in stats.conditional],
-                "unconditional": [round(x, 4) for x in stats.unconditional],
-                "verify_steps": stats.verify_steps,
-                "tokens": stats.tokens,
-                "baseline_tau": 1.0,
-                "wall_speedup": round(base_s / spec_s, 3),
-                "outputs_equal_baseline": identical,
-            }
-            all_results += results
+            paired = decode_paired(
+                target, drafter, embed, group, b, temperature, stop_ids, progress
+            )
+            per[name] = paired.figures()
+            all_results += paired.results
         overall = acceptance_stats(all_results)
         report["temperatures"][str(temperature)] = {
             "tau": round(overall.tau, 4),
@@ -237,17 +273,9 @@ def serving(
         server.stop()
 
 
-def served_benchmark(
-    prompts: dict[str, list[list[int]]],
-    b: config.BenchmarkParams,
-    stop_ids: list[int],
-    target: config.TargetParams,
-    drafter_dir: Path,
-) -> dict:
-    """Every prompt set at every temperature on the speculative server, then on the base one
-    (never both at once, so a launched pair does not share the GPUs)."""
-    s = b.sglang
-    key = api_key(s.api_key_env, "benchmark.sglang.api_key_env")
+def check_server_params(s: config.BenchmarkSGLangParams) -> None:
+    """The servers named one way only, and given ones answering, before any is used: a wrong
+    params fails in seconds, naming the key to fix."""
     if s.launch is not None and (s.spec_url or s.base_url):
         raise StageError("benchmark.sglang: give either launch or spec_url and base_url, not both")
     if s.launch is None:
@@ -262,15 +290,14 @@ def served_benchmark(
                     f"benchmark.sglang.{role}_url: {given}/health does not answer 200; "
                     f"start that server, or let benchmark.sglang.launch start it"
                 )
-    commands = launch_commands(
-        s.launch or config.SGLangLaunchParams(), target, drafter_dir, b.num_steps
-    )
-    requests = {
-        name: [(f"{name}/{i}", ids) for i, ids in enumerate(group)]
-        for name, group in prompts.items()
-        if group
-    }
-    samplings = {
+
+
+def sampling_per_temperature(
+    b: config.BenchmarkParams, stop_ids: list[int]
+) -> dict[float, Sampling]:
+    """Every sampling value per temperature, sent alike to both servers so that only the
+    drafter differs between them."""
+    return {
         t: Sampling(
             max_new_tokens=b.max_new_tokens,
             temperature=t,
@@ -281,44 +308,95 @@ def served_benchmark(
         )
         for t in b.temperatures
     }
+
+
+def measure_server(
+    role: str,
+    url: str | None,
+    command: list[str],
+    b: config.BenchmarkParams,
+    key: str | None,
+    requests: dict[str, list[tuple[str, list[int]]]],
+    samplings: dict[float, Sampling],
+) -> tuple[dict[tuple[float, str], ServerRun], dict]:
+    """One server, attached or launched (and stopped after), checked to be what its role needs
+    before it is measured; its runs per (temperature, prompt set), and its facts for the report."""
+    s = b.sglang
+    with serving(s.launch, command, url) as url:
+        facts = server_facts(url, api_key=key)
+        if role == "spec":
+            check_speculative_server(facts, url, b.num_steps)
+        else:
+            check_plain_server(facts, url)
+        with params_key("benchmark.sglang"):
+            engine = SGLangEngine(
+                [url], s.concurrency, s.timeout_s, max_retries=s.max_retries, api_key=key
+            )
+        runs = {
+            (t, name): measure(engine, group, sampling)
+            for t, sampling in samplings.items()
+            for name, group in requests.items()
+        }
+        return runs, {
+            "url": url,
+            "launched": s.launch is not None,
+            "command": shlex.join(command),
+            **facts,
+            "retries": engine.retries,
+        }
+
+
+def compare_servers(
+    runs: dict[str, dict[tuple[float, str], ServerRun]],
+    temperatures: list[float],
+    names: list[str],
+    num_steps: int,
+) -> dict[str, dict]:
+    """Per temperature, the speculative server against the base one: over all prompt sets
+    pooled, and per set."""
+    compared = {}
+    for t in temperatures:
+        spec, base = (
+            ServerRun.pooled([runs[role][t, name] for name in names]) for role in ("spec", "base")
+        )
+        compared[str(t)] = {
+            **compare(spec, base, num_steps),
+            "datasets": {
+                name: compare(runs["spec"][t, name], runs["base"][t, name], num_steps)
+                for name in names
+            },
+        }
+    return compared
+
+
+def served_benchmark(
+    prompts: dict[str, list[list[int]]],
+    b: config.BenchmarkParams,
+    stop_ids: list[int],
+    target: config.TargetParams,
+    drafter_dir: Path,
+) -> dict:
+    """Every prompt set at every temperature on the speculative server, then on the base one
+    (never both at once, so a launched pair does not share the GPUs)."""
+    s = b.sglang
+    key = api_key(s.api_key_env, "benchmark.sglang.api_key_env")
+    check_server_params(s)
+    commands = launch_commands(
+        s.launch or config.SGLangLaunchParams(), target, drafter_dir, b.num_steps
+    )
+    requests = {
+        name: [(f"{name}/{i}", ids) for i, ids in enumerate(group)]
+        for name, group in prompts.items()
+        if group
+    }
+    samplings = sampling_per_temperature(b, stop_ids)
     runs: dict[str, dict[tuple[float, str], ServerRun]] = {}
     servers: dict[str, dict] = {}
     for role, url in (("spec", s.spec_url), ("base", s.base_url)):
-        with serving(s.launch, commands[role], url) as url:
-            facts = server_facts(url, api_key=key)
-            if role == "spec":
-                check_speculative_server(facts, url, b.num_steps)
-            else:
-                check_plain_server(facts, url)
-            with params_key("benchmark.sglang"):
-                engine = SGLangEngine(
-                    [url], s.concurrency, s.timeout_s, max_retries=s.max_retries, api_key=key
-                )
-            runs[role] = {
-                (t, name): measure(engine, group, sampling)
-                for t, sampling in samplings.items()
-                for name, group in requests.items()
-            }
-            servers[role] = {
-                "url": url,
-                "launched": s.launch is not None,
-                "command": shlex.join(commands[role]),
-                **facts,
-                "retries": engine.retries,
-            }
-    temperatures = {}
-    for t in samplings:
-        spec, base = (
-            ServerRun.pooled([runs[role][t, name] for name in requests])
-            for role in ("spec", "base")
+        runs[role], servers[role] = measure_server(
+            role, url, commands[role], b, key, requests, samplings
         )
-        temperatures[str(t)] = {
-            **compare(spec, base, b.num_steps),
-            "datasets": {
-                name: compare(runs["spec"][t, name], runs["base"][t, name], b.num_steps)
-                for name in requests
-            },
-        }
+    temperatures = compare_servers(runs, list(samplings), list(requests), b.num_steps)
     greedy = temperatures.get("0.0")
     return {
         "num_steps": b.num_steps,
@@ -332,6 +410,50 @@ def served_benchmark(
         "temperatures": temperatures,
         "tau_greedy": greedy and greedy["tau"],
     }
+
+
+def held_out_prompts(
+    merged: Path, b: config.BenchmarkParams, tokenizer, template_kwargs: dict
+) -> dict[str, list[list[int]]]:
+    """The eval split's prompts and each benchmark file's, refused where a file or the whole set
+    holds none: a tau over no prompt would mean nothing."""
+    eval_file = split_path(merged, "eval")
+    prompts = eval_prompts(eval_file, b.max_prompts)
+    for name, source in b.datasets.items():
+        try:
+            prompts[name] = file_prompts(source, tokenizer, template_kwargs, b.max_prompts)
+        except SourceError as err:
+            raise StageError(
+                f"benchmark.datasets.{name}: {err} (format {source.format!r}; a file of another "
+                f"format, or a wrong benchmark.datasets.{name}.format)"
+            ) from None
+        if not prompts[name]:
+            raise StageError(
+                f"benchmark.datasets.{name}: {source.path} holds no prompt (format "
+                f"{source.format!r})"
+            )
+    if not any(prompts.values()):
+        raise StageError(
+            f"{eval_file}: no held-out prompts; raise merge.eval_fraction or add benchmark.datasets"
+        )
+    return prompts
+
+
+def acceptance_rows(results: dict, num_steps: int) -> list[dict]:
+    """The plots CSV: one row per temperature, dataset and draft position, for DVC's plots."""
+    return [
+        {
+            "temperature": t,
+            "dataset": d,
+            "position": j + 1,
+            "conditional": v["conditional"][j],
+            "unconditional": v["unconditional"][j],
+        }
+        for t, tv in results["temperatures"].items()
+        for d, v in tv["datasets"].items()
+        if v["conditional"]
+        for j in range(num_steps)
+    ]
 
 
 def main(
@@ -352,25 +474,7 @@ def main(
     check_exported(drafter_dir, target_config)  # before anything loads it: it names every fault
     tokenizer = target_tokenizer(target)
     stop_ids = target_roles(target, tokenizer).stop_ids
-    eval_file = split_path(merged, "eval")
-    prompts = eval_prompts(eval_file, b.max_prompts)
-    for name, source in b.datasets.items():
-        try:
-            prompts[name] = file_prompts(source, tokenizer, target.template_kwargs, b.max_prompts)
-        except SourceError as err:
-            raise StageError(
-                f"benchmark.datasets.{name}: {err} (format {source.format!r}; a file of another "
-                f"format, or a wrong benchmark.datasets.{name}.format)"
-            ) from None
-        if not prompts[name]:
-            raise StageError(
-                f"benchmark.datasets.{name}: {source.path} holds no prompt (format "
-                f"{source.format!r})"
-            )
-    if not any(prompts.values()):
-        raise StageError(
-            f"{eval_file}: no held-out prompts; raise merge.eval_fraction or add benchmark.datasets"
-        )
+    prompts = held_out_prompts(merged, b, tokenizer, target.template_kwargs)
     if b.mode == "sglang":
         try:
             results = served_benchmark(prompts, b, stop_ids, target, drafter_dir)
@@ -379,22 +483,7 @@ def main(
     else:
         results = in_process_benchmark(prompts, b, stop_ids, target, drafter_dir)
     write_json(results, report)
-    write_csv(
-        [
-            {
-                "temperature": t,
-                "dataset": d,
-                "position": j + 1,
-                "conditional": v["conditional"][j],
-                "unconditional": v["unconditional"][j],
-            }
-            for t, tv in results["temperatures"].items()
-            for d, v in tv["datasets"].items()
-            if v["conditional"]
-            for j in range(b.num_steps)
-        ],
-        plot,
-    )
+    write_csv(acceptance_rows(results, b.num_steps), plot)
     greedy = results["temperatures"].get("0.0", {"datasets": {}})
     print(
         f"[benchmark] {results['engine']}: tau at T=0: {results['tau_greedy']}  "

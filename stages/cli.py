@@ -8,7 +8,7 @@ import errno
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,6 +16,35 @@ from .engines import EngineError
 
 # A path the stage's command in dvc.yaml passes (`--out data/...`): paths live in dvc.yaml only.
 PathOpt = Annotated[Path, typer.Option()]
+# What each path option of a stage is, for `python -m stages.<stage> --help`; the names are the
+# stages' own (an option without an entry here fails tests/stages/test_cli_help.py).
+OPTION_HELP = {
+    "dataset": "The dataset's name under `datasets` in params.yaml.",
+    "params": "The params file.",
+    "out": "What the stage writes (its output in dvc.yaml).",
+    "report": "The stage's report to write (JSON).",
+    "raw": "The folder of every dataset's raw generations (data/raw).",
+    "raw_dir": "The folder of every dataset's raw generations (data/raw).",
+    "prompts": "The dataset's prompts (prep's output).",
+    "prep_dir": "The folder of the prep reports.",
+    "merged": "The merged folder (merge's output).",
+    "summary": "The quality gate's summary to write (Markdown).",
+    "plot": "The CSV behind the stage's chart, to write.",
+    "plots": "The folder of the CSVs behind the charts.",
+    "hidden_dir": "The captured hidden states (extract's output).",
+    "vocab_file": "The draft vocabulary mapping (vocab's output).",
+    "checkpoint_dir": "Where training keeps its checkpoints, to resume from.",
+    "out_dir": "The exported drafter to write (SGLang's EAGLE-3 format).",
+    "drafter_dir": "The exported drafter (train's output).",
+    "generate_dir": "The folder of the generate reports.",
+    "merge_report": "The merge report (JSON).",
+    "vocab_report": "The vocabulary report (JSON).",
+    "extract_report": "The extract report (JSON).",
+    "train_report": "The train report (JSON).",
+    "benchmark_report": "The benchmark report (JSON).",
+    "metrics": "The compact metrics to write (JSON, what `dvc metrics diff` reads).",
+    "card": "The model card to write (Markdown).",
+}
 
 
 class StageError(RuntimeError):
@@ -48,11 +77,21 @@ def params_key(key: str) -> Iterator[None]:
         raise StageError(f"{key}: {err.args[0] if err.args else err}") from err
 
 
-def run(main: Callable) -> None:
+def command(main: Callable) -> Any:
+    """The stage's `main` as a command, each option with its help from OPTION_HELP."""
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command()(main)
+    built = typer.main.get_command(app)
+    options: list[Any] = [p for p in built.params if p.param_type_name == "option"]
+    for option in options:
+        if not option.help:
+            option.help = OPTION_HELP.get(option.name or "")
+    return built
+
+
+def run(main: Callable) -> None:
     try:
-        app(standalone_mode=False)
+        command(main).main(standalone_mode=False)
     except (StageError, EngineError, ValueError, FileNotFoundError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)

@@ -26,7 +26,8 @@ import contextlib
 import hashlib
 import json
 import time
-from dataclasses import asdict
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -51,7 +52,7 @@ from .runtime.files import remove_with_checksum, write_json
 from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
 from .runtime.progress import Progress
 from .target.tokenizer import model_fingerprint
-from .wiring.capture import DTYPES, build_capture, config_only_facts
+from .wiring.capture import DTYPES, ConfigFacts, build_capture, config_only_facts
 
 
 def forward_tokens(params: config.ExtractParams) -> int:
@@ -84,15 +85,79 @@ def _extract(
     rank: int,
     world: int,
 ) -> dict:
+    """The stage as the steps every rank takes together (barriers inside them): the plan, the
+    folder made to match it, the shards left shared out, a timed warm-up, the loop, the index."""
     # store none keeps no features: no target is loaded, its facts come from its config.json
     capture = build_capture(params, target, rank, world) if params.store != "none" else None
     facts = capture if capture is not None else config_only_facts(params, target, rank, world)
     role = facts.role
-    indices = facts.aux_indices
-    num_layers, hidden_size = facts.num_layers, facts.hidden_size
+    fingerprint = _fingerprint(params, target, facts.aux_indices)
+    with params_key("extract.splits"):
+        plan = plan_shards(merged_dir, params.splits, params.shard_tokens, params.store)
+    total = sum(r["tokens"] for s in plan for r in s)
+    width = len(facts.aux_indices) * facts.hidden_size
+    size = hidden.storage(
+        plan, width, facts.hidden_size, DTYPES[params.dtype].itemsize, params.store
+    )
+    meta = _meta(fingerprint, params, target, facts, capture, size)
+    storage_line = _storage_line(total, size, len(plan), meta, params)
+    _prepare_out_dir(out_dir, meta, len(plan), storage_line, rank, world)
+    shards = _Shards(merged_dir, out_dir, plan, [shard_key(fingerprint, shard) for shard in plan])
+    todo = _shards_to_extract(shards, rank, world)
+    # every groups-th shard of those left: a rerun after a rank died splits its shards over all
+    # groups instead of leaving them to one while the others wait at the last barrier
+    mine = todo[role.group :: role.groups]
+    left = shards.tokens(todo)
+    device = resolve_device(target.device)
+    buffers = _host_buffers(shards, mine, size, capture, params, device, rank)
+    warmup_s = _timed_warmup(shards, mine, capture, params, left, role.groups, rank)
+    seconds, times = _capture_and_write(
+        shards, mine, capture, buffers, device, params, role.writes, rank, world
+    )
+    if rank == 0:
+        hidden.write_index(out_dir, plan, params.store)
+    return {
+        "tokens": total,
+        "shards": len(plan),
+        "samples": sum(len(shard) for shard in plan),
+        **size,
+        "aux_hf_indices": facts.aux_indices,
+        "world_size": world,
+        "engine": params.engine,
+        "extracted_tokens": left,
+        "tokens_per_s": round(left / seconds, 1) if left else 0.0,
+        "warmup_s": round(warmup_s, 3),  # rank 0's: the first forwards, compilation included
+        "time": times,
+    }
+
+
+@dataclass(frozen=True)
+class _Shards:
+    """The plan, the folders its shards are read from and written to and the key each is written
+    under: what every step after the planning needs, passed as one."""
+
+    merged_dir: Path
+    out_dir: Path
+    plan: list[list[dict]]
+    keys: list[str]  # shard_key of each: a shard on disk under another one is extracted again
+
+    def rows(self, wanted: list[int]) -> Iterator[tuple[int, list[dict]]]:
+        """Streamed from the files the plan was made from, one shard in memory at a time."""
+        return shard_rows(self.merged_dir, self.plan, wanted)
+
+    def tokens(self, wanted: Iterable[int]) -> int:
+        """Rows stored, not merged tokens: what sizes the buffers, the progress and the ETA."""
+        return sum(r["length"] for k in wanted for r in self.plan[k])
+
+
+def _fingerprint(
+    params: config.ExtractParams, target: config.TargetParams, indices: list[int]
+) -> str:
+    """Everything that shapes the shards: a change extracts again. The hf engine and store all
+    add nothing, so that shards extracted before those settings existed still match."""
     engine_key = [] if params.engine == "hf" else [params.engine]  # hf keeps its old shard keys
     store_key = [] if params.store == "all" else [f"store={params.store}"]  # so does all
-    fingerprint = hashlib.sha256(
+    return hashlib.sha256(
         json.dumps(
             [
                 model_fingerprint(target.path, None, [target.dtype]),
@@ -105,123 +170,175 @@ def _extract(
             ]
         ).encode()
     ).hexdigest()[:16]
-    with params_key("extract.splits"):
-        plan = plan_shards(merged_dir, params.splits, params.shard_tokens, params.store)
-    total = sum(r["tokens"] for s in plan for r in s)
-    size = hidden.storage(
-        plan, len(indices) * hidden_size, hidden_size, DTYPES[params.dtype].itemsize, params.store
-    )
-    meta = hidden.HiddenMeta(
+
+
+def _meta(
+    fingerprint: str,
+    params: config.ExtractParams,
+    target: config.TargetParams,
+    facts: Capture | ConfigFacts,
+    capture: Capture | None,
+    size: dict,
+) -> hidden.HiddenMeta:
+    """meta.json as this run writes it: what train reads of the target and the storage, and the
+    fingerprint a rerun compares to know whether the folder is still this run's."""
+    return hidden.HiddenMeta(
         fingerprint=fingerprint,
         target_path=target.path,
         architecture=facts.architecture,
-        num_hidden_layers=num_layers,
-        hidden_size=hidden_size,
-        aux_hf_indices=indices,
+        num_hidden_layers=facts.num_layers,
+        hidden_size=facts.hidden_size,
+        aux_hf_indices=facts.aux_indices,
         dtype=params.dtype,
         bytes_per_token=size["bytes_per_token"],
         **_engine_meta(params.engine, capture),
         **({} if params.store == "all" else {k: size[k] for k in ("store", "bytes_per_token_all")}),
     )
+
+
+def _storage_line(
+    total: int, size: dict, shards: int, meta: hidden.HiddenMeta, params: config.ExtractParams
+) -> str:
+    """Rank 0's line on what the run stores, so the disk it takes is known before it is taken."""
+    return (
+        f"[extract] {total:,} tokens x {meta.bytes_per_token:,} bytes/token = "
+        f"{size['bytes'] / 2**30:.2f} GiB in {shards} shards (store {params.store}, "
+        f"all: {size['bytes_per_token_all']:,} bytes/token; layers {meta.aux_hf_indices} of "
+        f"{meta.num_hidden_layers}, engine {params.engine})"
+    )
+
+
+def _prepare_out_dir(
+    out_dir: Path, meta: hidden.HiddenMeta, shards: int, storage_line: str, rank: int, world: int
+) -> None:
+    """Rank 0 makes the folder this run's before any rank writes: emptied if the fingerprint
+    changed, rid of a killed run's half shards and of shards past the plan's end, with this run's
+    meta.json. Every rank reads the old meta first, and waits until the folder is ready."""
     meta_path = out_dir / hidden.META
-    stale = meta_path.exists() and hidden.read_meta(out_dir).fingerprint != fingerprint
+    stale = meta_path.exists() and hidden.read_meta(out_dir).fingerprint != meta.fingerprint
     _barrier(world)  # every rank has read the old meta before rank 0 may remove it
     if rank == 0:
         if stale:
             print("[extract] target, layers or storage settings changed: extracting again")
             empty_dir(out_dir)
-        print(
-            f"[extract] {total:,} tokens x {meta.bytes_per_token:,} bytes/token = "
-            f"{size['bytes'] / 2**30:.2f} GiB in {len(plan)} shards (store {params.store}, "
-            f"all: {size['bytes_per_token_all']:,} bytes/token; layers {indices} of "
-            f"{num_layers}, engine {params.engine})"
-        )
+        print(storage_line)
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out_dir)  # before any rank writes: a killed run's half shards
         for old in hidden.shard_files(out_dir):
-            if hidden.shard_number(old) >= len(plan):
+            if hidden.shard_number(old) >= shards:
                 remove_with_checksum(old)
         write_json(meta.to_json(), meta_path)
     _barrier(world)
-    keys = [shard_key(fingerprint, shard) for shard in plan]
-    problems = shard_problems(out_dir, keys, rank, world)
+
+
+def _shards_to_extract(shards: _Shards, rank: int, world: int) -> list[int]:
+    """The shards not on disk whole under this run's keys, in order and the same on every rank
+    before any shard is written (TP ranks must agree); rank 0 says why each one on disk is
+    extracted again."""
+    problems = shard_problems(shards.out_dir, shards.keys, rank, world)
     todo = sorted(problems)
     if rank == 0:
         for k, problem in sorted(problems.items()):
             if problem != "missing":
-                print(f"[extract] {hidden.shard_path(out_dir, k)}: {problem}; extracting it again")
+                path = hidden.shard_path(shards.out_dir, k)
+                print(f"[extract] {path}: {problem}; extracting it again")
     _barrier(world)  # every rank has its list before a shard is written: TP ranks must agree
-    # every groups-th shard of those left: a rerun after a rank died splits its shards over all
-    # groups instead of leaving them to one while the others wait at the last barrier
-    mine = todo[role.group :: role.groups]
-    left = sum(r["length"] for k in todo for r in plan[k])
-    buffer_tokens = max((sum(r["length"] for r in plan[k]) for k in mine), default=0)
+    return todo
+
+
+def _host_buffers(
+    shards: _Shards,
+    mine: list[int],
+    size: dict,
+    capture: Capture | None,
+    params: config.ExtractParams,
+    device: torch.device,
+    rank: int,
+) -> FeatureBuffers | None:
+    """Host memory for the features of this process's largest shard, said by rank 0 before it is
+    taken: pinned, it can be the run's largest. None where nothing is kept (store none, a
+    tensor-parallel rank that does not write)."""
+    tokens = max((shards.tokens([k]) for k in mine), default=0)
     row_bytes = size["bytes_per_token_all"] if capture is not None else 0  # whole rows
     sets = params.writers + 2  # one set per write in flight, one filling, one landing
     if rank == 0:
         print(
-            f"[extract] host memory: {sets} x {buffer_tokens:,} tokens x {row_bytes:,} bytes = "
-            f"{sets * buffer_tokens * row_bytes / 2**30:.2f} GiB per writing process"
+            f"[extract] host memory: {sets} x {tokens:,} tokens x {row_bytes:,} bytes = "
+            f"{sets * tokens * row_bytes / 2**30:.2f} GiB per writing process"
         )
-    device = resolve_device(target.device)
-    buffers = (  # allocated on a thread of their own, beside the warm-up and the first shards
-        FeatureBuffers(
-            buffer_tokens,
-            len(indices) * hidden_size,
-            hidden_size,
-            DTYPES[params.dtype],
-            pin=device.type == "cuda",
-            sets=sets,
-        )
-        if role.writes and capture is not None
-        else None
+    if capture is None or not capture.role.writes:
+        return None
+    # allocated on a thread of their own, beside the warm-up and the first shards
+    return FeatureBuffers(
+        tokens,
+        len(capture.aux_indices) * capture.hidden_size,
+        capture.hidden_size,
+        DTYPES[params.dtype],
+        pin=device.type == "cuda",
+        sets=sets,
     )
-    warmup_s = 0.0
-    if mine and capture is not None:
-        _, first = next(shard_rows(merged_dir, plan, mine[:1]))
-        timed = leading_rows(first, forward_tokens(params))
-        warmup_s, rate = timed_rate(capture, [r["input_ids"] for r in timed])
-        if rank == 0:
-            eta_s = left / max(rate * role.groups, 1e-9)
-            print(
-                f"[extract] timed {sum(len(r['input_ids']) for r in timed):,} tokens: "
-                f"{rate:,.0f} tokens/s x {role.groups} capture group(s); {left:,} tokens to "
-                f"extract: about {eta_s / 3600:.2f} hours ({eta_s:,.0f} s)"
-            )
+
+
+def _timed_warmup(
+    shards: _Shards,
+    mine: list[int],
+    capture: Capture | None,
+    params: config.ExtractParams,
+    left: int,
+    groups: int,
+    rank: int,
+) -> float:
+    """A warm-up on this process's first shard (CUDA start-up, compilation), then one timed
+    batch: rank 0 projects the hours left before they are spent, and the loop's rate leaves the
+    warm-up out. Returns the warm-up's seconds, 0 with no shard or no capture to warm up."""
+    if not mine or capture is None:
+        return 0.0
+    _, rows = next(shards.rows(mine[:1]))
+    timed = leading_rows(rows, forward_tokens(params))
+    warmup_s, rate = timed_rate(capture, [r["input_ids"] for r in timed])
+    if rank == 0:
+        eta_s = left / max(rate * groups, 1e-9)
+        print(
+            f"[extract] timed {sum(len(r['input_ids']) for r in timed):,} tokens: "
+            f"{rate:,.0f} tokens/s x {groups} capture group(s); {left:,} tokens to "
+            f"extract: about {eta_s / 3600:.2f} hours ({eta_s:,.0f} s)"
+        )
+    return warmup_s
+
+
+def _capture_and_write(
+    shards: _Shards,
+    mine: list[int],
+    capture: Capture | None,
+    buffers: FeatureBuffers | None,
+    device: torch.device,
+    params: config.ExtractParams,
+    writes: bool,
+    rank: int,
+    world: int,
+) -> tuple[float, dict]:
+    """The loop tokens_per_s measures, from after the warm-up until the slowest rank is done
+    (what the run waited for): the device captures the next shards while the writer threads
+    write the last. Returns its seconds and where they went."""
     progress = Progress(
-        f"extract rank {rank}",
-        sum(len(plan[k]) for k in mine),
-        sum(r["length"] for k in mine for r in plan[k]),
+        f"extract rank {rank}", sum(len(shards.plan[k]) for k in mine), shards.tokens(mine)
     )
     capturing = ShardCapture(capture, buffers, device)
     clock = time.monotonic()  # after the warm-up: tokens/s is the steady rate
     with ShardWriter(params.writers) as writer:  # shards are written while the next extract
-        for k, rows, features in capturing.shards(shard_rows(merged_dir, plan, mine)):
-            if role.writes:
+        for k, rows, features in capturing.shards(shards.rows(mine)):
+            if writes:
                 tensors = hidden.shard_tensors(features, rows, params.store)
-                writer.put(tensors, hidden.shard_path(out_dir, k), {"shard_key": keys[k]})
+                writer.put(
+                    tensors, hidden.shard_path(shards.out_dir, k), {"shard_key": shards.keys[k]}
+                )
                 progress.update(len(rows), int(tensors["input_ids"].numel()))
         landed = time.monotonic()
     last_writes_s = time.monotonic() - landed
     buffers_s = buffers.allocation_s() if buffers is not None else 0.0
     _barrier(world)
     seconds = time.monotonic() - clock  # the slowest rank's time: what the run waited for
-    samples = sum(len(shard) for shard in plan)
-    if rank == 0:
-        hidden.write_index(out_dir, plan, params.store)
-    return {
-        "tokens": total,
-        "shards": len(plan),
-        "samples": samples,
-        **size,
-        "aux_hf_indices": indices,
-        "world_size": world,
-        "engine": params.engine,
-        "extracted_tokens": left,
-        "tokens_per_s": round(left / seconds, 1) if left else 0.0,
-        "warmup_s": round(warmup_s, 3),  # rank 0's: the first forwards, compilation included
-        "time": _time_report(seconds, buffers_s, last_writes_s, capturing.times, writer.times),
-    }
+    return seconds, _time_report(seconds, buffers_s, last_writes_s, capturing.times, writer.times)
 
 
 def shard_problems(out_dir: Path, keys: list[str], rank: int, world: int) -> dict[int, str]:

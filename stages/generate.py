@@ -13,14 +13,15 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import config
-from .artifacts.prompts import read_prompts
+from .artifacts.prompts import PromptSettings, read_prompts
 from .artifacts.raw import (
     RAW_SCHEMA,
     append_part,
@@ -30,7 +31,7 @@ from .artifacts.raw import (
     read_raw,
 )
 from .cli import PathOpt, StageError, run, summary
-from .engines import AuthError, Completion, EngineError, Sampling
+from .engines import AuthError, Completion, Engine, EngineError, Request, Sampling
 from .engines.turns import Output, RenderPrompt, TurnQueue
 from .runtime.files import write_json
 from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
@@ -113,12 +114,61 @@ def _generate_dataset(
     engine,
     others: Sequence[Backlog],
 ) -> dict:
+    """The stage as its steps: the raw data earlier runs left, the turns it leaves queued, an
+    engine started only if the budget and the queue leave it something to do, then the raw data
+    compacted and reported."""
     tokenizer = target_tokenizer(target)
     roles = target_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
     prompts, settings = read_prompts(prompts_path)
     fp = fingerprint(target, sampling, settings.regenerate)
+    existing = _resumable_raw(name, out_dir, fp)
+    wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
+    existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
+    budget = _Budget(budget_tokens, pc.sum(existing.column("completion_tokens")).as_py() or 0)
+    queue = _turn_queue(prompts, existing, settings, roles, tokenizer, target.template_kwargs)
+    start = time.monotonic()
+    if budget.used < budget.limit and queue.has_unsent():  # else no engine (no server) is started
+        engine = engine or make_engine(gen, target, tokenizer)
+        monitor = _monitor(name, engine, queue, existing.num_rows, budget, others)
+        _generate_turns(
+            engine,
+            queue,
+            sampling,
+            budget,
+            monitor,
+            out_dir,
+            gen.append_every,
+            lambda prompt, done: completion_row(prompt, done, roles, engine.name, fp, tokenizer),
+        )
+        monitor.print()
+    else:
+        print(f"[generate {name}] nothing left to generate: no engine started")
+    elapsed = time.monotonic() - start
+    table = _compacted(out_dir, wanted)
+    engine_name = engine.name if engine else gen.engine
+    return _report(name, fp, engine_name, table, wanted, existing, queue, budget, elapsed)
 
+
+@dataclass
+class _Budget:
+    """The token budget as the run spends it, shared by the requests (they stop once it is
+    spent), the loop that counts each reply and the report: `used` by the turns kept from
+    earlier runs, `tokens` those and the replies so far, `new` the turns this run generated."""
+
+    limit: int
+    used: int
+    tokens: int = field(init=False)
+    new: int = 0
+
+    def __post_init__(self) -> None:
+        self.tokens = self.used
+
+
+def _resumable_raw(name: str, out_dir: Path, fp: str) -> pa.Table:
+    """The raw turns earlier runs left that this run continues from: a killed run's temporary
+    files and corrupt parts go (their turns are generated again), and all of it goes when it was
+    generated under another fingerprint."""
     remove_stale_temps(out_dir)
     for part, problem in drop_corrupt_parts(out_dir):
         print(f"[generate {name}] {part}: {problem}; removed, its turns are generated again")
@@ -131,72 +181,121 @@ def _generate_dataset(
             f"regenerate mode changed, so {name} is generated again from the start"
         )
         empty_dir(out_dir)
-        existing = RAW_SCHEMA.empty_table()
-    wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
-    existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
-    used = pc.sum(existing.column("completion_tokens")).as_py() or 0
+        return RAW_SCHEMA.empty_table()
+    return existing
+
+
+def _turn_queue(
+    prompts: pa.Table,
+    existing: pa.Table,
+    settings: PromptSettings,
+    roles: TokenRoles,
+    tokenizer,
+    template_kwargs: dict,
+) -> TurnQueue:
+    """Built from the kept raw data so that each conversation continues where it stopped; with
+    all_turns_rendered each later prompt is rendered from the conversation so far."""
     render = None
     if settings.rendered:
-        render = history_renderer(HistoryRenderer(tokenizer, roles, target.template_kwargs))
-    queue = TurnQueue(
+        render = history_renderer(HistoryRenderer(tokenizer, roles, template_kwargs))
+    return TurnQueue(
         prompts.to_pylist(),
         last_turns(existing, settings.every_turn, settings.rendered),
         settings,
         roles,
         render,
     )
-    state = dict(tokens=used, new=0)
 
-    def requests():
-        """Ready turns while the budget lasts; None while the next ones wait on replies."""
-        while state["tokens"] < budget_tokens:
-            request = queue.next_request()
-            if request is None and not queue.in_flight:
-                return
-            yield request
 
-    start = time.monotonic()
-    if used < budget_tokens and queue.has_unsent():  # else no engine (no server) is started
-        engine = engine or make_engine(gen, target, tokenizer)
-        monitor = GenerationMonitor(
-            name,
-            queue.planned_turns,
-            existing.num_rows,
-            budget_tokens,
-            used,
-            others,
-            getattr(engine, "urls", ()),
-            api_key=getattr(engine, "api_key", None),
-        )
-        buffer: list[dict] = []
+def _monitor(
+    name: str,
+    engine: Engine,
+    queue: TurnQueue,
+    kept_turns: int,
+    budget: _Budget,
+    others: Sequence[Backlog],
+) -> GenerationMonitor:
+    """The live progress line, against the whole dataset and budget (the kept turns count as
+    done) and beside the other datasets' backlog, with the servers' metrics where the engine
+    has servers."""
+    return GenerationMonitor(
+        name,
+        queue.planned_turns,
+        kept_turns,
+        budget.limit,
+        budget.used,
+        others,
+        getattr(engine, "urls", ()),
+        api_key=getattr(engine, "api_key", None),
+    )
 
-        def flush() -> None:
-            if buffer:
-                append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
-                buffer.clear()
 
-        try:
-            for done in engine.generate(requests(), sampling):
-                prompt = queue.complete(done)
-                buffer.append(completion_row(prompt, done, roles, engine.name, fp, tokenizer))
-                state["tokens"] += len(done.output_ids)
-                state["new"] += 1
-                monitor.update(done)
-                if len(buffer) >= gen.append_every:
-                    flush()
-        except EngineError:  # the servers gave up: the replies already back are kept
-            flush()
-            raise
+def _requests(queue: TurnQueue, budget: _Budget) -> Iterator[Request | None]:
+    """Ready turns while the budget lasts; None while the next ones wait on replies."""
+    while budget.tokens < budget.limit:
+        request = queue.next_request()
+        if request is None and not queue.in_flight:
+            return
+        yield request
+
+
+def _generate_turns(
+    engine: Engine,
+    queue: TurnQueue,
+    sampling: Sampling,
+    budget: _Budget,
+    monitor: GenerationMonitor,
+    out_dir: Path,
+    append_every: int,
+    raw_row: Callable[[dict, Completion], dict],
+) -> None:
+    """The engine's replies, counted against the budget as they come back, appended in raw parts
+    of `append_every` turns: a kill loses at most one part's turns, and when the servers give up
+    the replies already back are kept."""
+    buffer: list[dict] = []
+
+    def flush() -> None:
+        if buffer:
+            append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
+            buffer.clear()
+
+    try:
+        for done in engine.generate(_requests(queue, budget), sampling):
+            prompt = queue.complete(done)
+            buffer.append(raw_row(prompt, done))
+            budget.tokens += len(done.output_ids)
+            budget.new += 1
+            monitor.update(done)
+            if len(buffer) >= append_every:
+                flush()
+    except EngineError:  # the servers gave up: the replies already back are kept
         flush()
-        monitor.print()
-    else:
-        print(f"[generate {name}] nothing left to generate: no engine started")
-    elapsed = time.monotonic() - start
+        raise
+    flush()
+
+
+def _compacted(out_dir: Path, wanted: pa.Array) -> pa.Table:
+    """The raw data as one part, turns of samples no longer among the prompts left out: what the
+    merge stage reads and the report describes."""
     table = read_raw(out_dir) if out_dir.exists() else RAW_SCHEMA.empty_table()
     table = table.filter(pc.is_in(table.column("sample_id"), wanted))
     compact(out_dir, table)
+    return table
 
-    new_tokens = state["tokens"] - used
+
+def _report(
+    name: str,
+    fp: str,
+    engine_name: str,
+    table: pa.Table,
+    wanted: pa.Array,
+    existing: pa.Table,
+    queue: TurnQueue,
+    budget: _Budget,
+    elapsed: float,
+) -> dict:
+    """reports/generate/<name>.json: what the raw data holds, which a rerun that generated
+    nothing compares (RUN_ONLY aside), and what this run added and how fast."""
     reasons = table.column("finish_reason").to_pylist()
     samples = pc.count_distinct(table.column("sample_id")).as_py()
     return {
@@ -205,15 +304,15 @@ def _generate_dataset(
         "prompts": len(wanted),
         "new_samples": samples - pc.count_distinct(existing.column("sample_id")).as_py(),
         "turns": table.num_rows,
-        "new_turns": state["new"],
+        "new_turns": budget.new,
         "stopped_at_prompt_limit": queue.stopped_at_limit,
-        "tokens": state["tokens"],
-        "budget_tokens": budget_tokens,
-        "budget_overshoot_tokens": max(state["tokens"] - budget_tokens, 0),
-        "budget_reached": state["tokens"] >= budget_tokens,
+        "tokens": budget.tokens,
+        "budget_tokens": budget.limit,
+        "budget_overshoot_tokens": max(budget.tokens - budget.limit, 0),
+        "budget_reached": budget.tokens >= budget.limit,
         "failed": reasons.count("abort"),
-        "tokens_per_s": round(new_tokens / elapsed, 1) if state["new"] else None,
-        "engine": engine.name if engine else gen.engine,
+        "tokens_per_s": round((budget.tokens - budget.used) / elapsed, 1) if budget.new else None,
+        "engine": engine_name,
         "fingerprint": fp,
     }
 

@@ -12,6 +12,8 @@ tool calls cut, everything truncated) stops the run before extraction and traini
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
 
@@ -30,77 +32,103 @@ def answer(raw_dirs: dict[str, Path], budgets: dict[str, int], buckets: int) -> 
     return quality_answers(raw_files(raw_dirs.values(), "quality"), budgets, buckets)
 
 
+@dataclass(frozen=True)
+class Threshold:
+    """One rule of the gate as data: the share it reads, its limit's params key and the words of
+    its failure sit together, so a new rule cannot name the wrong key."""
+
+    question: str  # the quality question whose per-dataset row holds the share
+    what: str  # the failure's words for the share
+    share: str  # the row's column
+    key: str  # the QualityParams field holding the limit (quality.<key>)
+    at_least: bool  # the limit is a minimum (else a maximum)
+    expects: str | None = None  # the ExpectParams flag the rule needs (None: every dataset)
+
+    def applies(self, row: dict, expect: config.ExpectParams) -> bool:
+        """A share nobody expects, or one with no row, proves nothing about the capture."""
+        return bool(row) and (self.expects is None or getattr(expect, self.expects))
+
+    def missed(self, dataset: str, row: dict, q: config.QualityParams) -> str | None:
+        """The failure, worded so the reader knows the dataset, the number and the key to change."""
+        value, limit = row[self.share], getattr(q, self.key)
+        if not ((value < limit) if self.at_least else (value > limit)):
+            return None
+        bound = "minimum" if self.at_least else "maximum"
+        return (
+            f"dataset {dataset}: {self.what} {value:.1%} ({bound} {limit:.0%}, quality.{self.key})"
+        )
+
+
+# In the order their failures are listed for a dataset.
+THRESHOLDS = (
+    Threshold("finish_reasons", "failed generations", "failed_share", "max_failed", False),
+    Threshold(
+        "finish_reasons",
+        "truncated (finish_reason=length)",
+        "truncated_share",
+        "max_truncated",
+        False,
+    ),
+    Threshold(
+        "reasoning_presence",
+        "reasoning closed in",
+        "reasoning_closed_share",
+        "min_reasoning_closed",
+        True,
+        expects="reasoning",
+    ),
+    Threshold(
+        "reasoning_presence",
+        "empty reasoning in",
+        "empty_reasoning_share",
+        "max_empty_reasoning",
+        False,
+        expects="reasoning",
+    ),
+    Threshold(
+        "tool_call_integrity",
+        "tool calls left open in",
+        "unbalanced_share",
+        "max_unbalanced_tool_calls",
+        False,
+    ),
+    Threshold(
+        "tool_call_integrity",
+        "replies calling a tool",
+        "tool_call_share",
+        "min_tool_call_share",
+        True,
+        expects="tool_calls",
+    ),
+)
+
+
+def rows_by_dataset(answers: dict, names: Iterable[str]) -> dict[str, dict[str, dict]]:
+    """Each dataset's row of every gated question ({} where it has none): a rule reads one row,
+    not a question's whole answer."""
+    return {
+        name: {
+            k: {r["dataset"]: r for r in answers[k]}.get(name, {})
+            for k in ("reasoning_presence", "finish_reasons", "tool_call_integrity")
+        }
+        for name in names
+    }
+
+
 def gate(
     answers: dict, expect: dict[str, config.ExpectParams], q: config.QualityParams
 ) -> list[str]:
     """Every threshold a dataset misses: a sentence naming the dataset, the number and the key."""
     failures = []
-
-    def check(dataset: str, what: str, value: float, limit: float, key: str, at_least: bool):
-        if (value < limit) if at_least else (value > limit):
-            bound = "minimum" if at_least else "maximum"
-            failures.append(
-                f"dataset {dataset}: {what} {value:.1%} ({bound} {limit:.0%}, quality.{key})"
-            )
-
-    by = {
-        name: {
-            k: {r["dataset"]: r for r in answers[k]}.get(name, {})
-            for k in ("reasoning_presence", "finish_reasons", "tool_call_integrity")
-        }
-        for name in expect
-    }
+    by = rows_by_dataset(answers, expect)
     for name, exp in expect.items():
-        fin = by[name]["finish_reasons"]
-        if not fin:
+        if not by[name]["finish_reasons"]:
             failures.append(f"dataset {name}: no generated samples")
             continue
-        check(name, "failed generations", fin["failed_share"], q.max_failed, "max_failed", False)
-        check(
-            name,
-            "truncated (finish_reason=length)",
-            fin["truncated_share"],
-            q.max_truncated,
-            "max_truncated",
-            False,
-        )
-        rea = by[name]["reasoning_presence"]
-        if exp.reasoning and rea:
-            check(
-                name,
-                "reasoning closed in",
-                rea["reasoning_closed_share"],
-                q.min_reasoning_closed,
-                "min_reasoning_closed",
-                True,
-            )
-            check(
-                name,
-                "empty reasoning in",
-                rea["empty_reasoning_share"],
-                q.max_empty_reasoning,
-                "max_empty_reasoning",
-                False,
-            )
-        tools = by[name]["tool_call_integrity"]
-        if tools:
-            check(
-                name,
-                "tool calls left open in",
-                tools["unbalanced_share"],
-                q.max_unbalanced_tool_calls,
-                "max_unbalanced_tool_calls",
-                False,
-            )
-            if exp.tool_calls:
-                check(
-                    name,
-                    "replies calling a tool",
-                    tools["tool_call_share"],
-                    q.min_tool_call_share,
-                    "min_tool_call_share",
-                    True,
-                )
+        for rule in THRESHOLDS:
+            row = by[name][rule.question]
+            if rule.applies(row, exp) and (failure := rule.missed(name, row, q)):
+                failures.append(failure)
     return failures
 
 

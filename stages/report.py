@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import config
@@ -27,7 +28,7 @@ from .cli import PathOpt, run
 from .queries import open_samples, rows
 from .queries.quality import quality_answers
 from .reporting.card import CardFacts, model_card, sglang_command, vllm_command
-from .reporting.page import ReportData, render
+from .reporting.page import ReportData, SampleView, render
 from .reporting.samples import sample_views
 from .reporting.summary import run_metrics
 from .runtime.files import write_json, write_text
@@ -58,6 +59,176 @@ def read_csv(path: Path) -> list[dict]:
         return [{k: num(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
+@dataclass(frozen=True)
+class RawViews:
+    """What the report shows of the raw generations, from one pass over the verified parts: the
+    metrics judge the answers, the page shows all of it."""
+
+    datasets: list[str]  # in params order
+    answers: dict  # the quality questions' rows
+    failures: list[dict]
+    samples: list[SampleView]
+
+
+def raw_views(
+    raw_dir: Path,
+    datasets: dict[str, config.DatasetParams],
+    p: config.ReportParams,
+    q: config.QualityParams,
+    target: config.TargetParams,
+) -> RawViews:
+    """Asked of the verified raw parts themselves, as the quality stage asks them (the same SQL),
+    plus the failures and the decoded samples only the page shows."""
+    names = list(datasets)
+    files = raw_files([raw_dir / n for n in names], "report")
+    budgets = {n: d.generate.budget_tokens for n, d in datasets.items()}
+    answers = quality_answers(files, budgets, q.histogram_buckets)
+    con = open_samples(files)
+    failures = rows(con, "failures", limit=p.max_failures)
+    records = rows(con, "sample_records", per_dataset=p.samples_per_dataset)
+    tokenizer = target_tokenizer(target)
+    samples = sample_views(records, tokenizer, target_roles(target, tokenizer), p.prompt_tokens)
+    return RawViews(names, answers, failures, samples)
+
+
+@dataclass(frozen=True)
+class StageReports:
+    """The earlier stages' reports, read together: the metrics, the card and the page each draw
+    on several of them."""
+
+    generate: dict[str, dict]  # per dataset
+    merge: dict
+    vocab: dict
+    extract: dict
+    train: dict
+    benchmark: dict
+
+    def metrics(self, answers: dict, datasets: dict[str, config.DatasetParams]) -> dict:
+        """The figures of reports/metrics.json, each dataset judged by what it is expected to
+        hold (reasoning, tool calls)."""
+        return run_metrics(
+            generate=self.generate,
+            merge=self.merge,
+            answers=answers,
+            expect={n: (d.expect.reasoning, d.expect.tool_calls) for n, d in datasets.items()},
+            vocab=self.vocab,
+            extract=self.extract,
+            train=self.train,
+            benchmark=self.benchmark,
+        )
+
+
+@dataclass(frozen=True)
+class ServedDrafter:
+    """How the drafter is served, worked out once: the card and the page must print the same
+    model, chain depth and layer ids in their commands."""
+
+    model: str  # what the commands serve: the card's base_model, else the target's path
+    drafter_dir: Path
+    num_steps: int  # the chain depth the benchmark measured
+    layer_ids: dict[str, list | None]  # hf (trained indices), sglang, vllm
+
+
+def served_drafter(
+    card: config.CardParams, target: config.TargetParams, drafter_dir: Path, reports: StageReports
+) -> ServedDrafter:
+    """The layer ids as trained beside those the export gives each server, so that a mismatch
+    shows; the chain depth the benchmark ran."""
+    drafter_config = read_json(drafter_dir / "config.json")
+    layer_ids = {
+        "hf": reports.extract.get("aux_hf_indices"),
+        "sglang": (drafter_config.get("eagle_config") or {}).get(
+            "eagle_aux_hidden_state_layer_ids"
+        ),
+        "vllm": drafter_config.get("eagle_aux_hidden_state_layer_ids"),
+    }
+    return ServedDrafter(
+        model=card.base_model or target.path,
+        drafter_dir=drafter_dir,
+        num_steps=int(reports.benchmark.get("num_steps") or 3),
+        layer_ids=layer_ids,
+    )
+
+
+def card_facts(
+    card: config.CardParams,
+    served: ServedDrafter,
+    sglang_version: str | None,
+    names: list[str],
+    reports: StageReports,
+) -> CardFacts:
+    """What the model card states: the card params, the data mix, the measured tau and the
+    training figures, each from the stage that knows it."""
+    temps = reports.benchmark.get("temperatures", {})
+    vocab, train = reports.vocab, reports.train
+    return CardFacts(
+        title=card.title or f"EAGLE-3 draft model for {served.model}",
+        target=served.model,
+        base_model=card.base_model,
+        license=card.license,
+        tags=card.tags,
+        drafter_dir=str(served.drafter_dir),
+        num_steps=served.num_steps,
+        data_mix=[
+            {"dataset": n, **reports.merge.get("per_dataset", {}).get("train", {}).get(n, {})}
+            for n in names
+        ],
+        layer_ids=served.layer_ids,
+        sglang_version=sglang_version,
+        tau={
+            t: {**{d: v.get("tau") for d, v in r.get("datasets", {}).items()}, "all": r.get("tau")}
+            for t, r in temps.items()
+        },
+        training={
+            "steps": train.get("steps"),
+            "best step (by replayed tau)": train.get("best_step"),
+            "replayed tau on the eval split": train.get("best_replayed_tau"),
+            "draft vocabulary": f"{vocab.get('draft_vocab_size')} of "
+            f"{vocab.get('target_vocab_size')} target ids, covering "
+            f"{(vocab.get('coverage') or 0):.1%} of supervised tokens",
+        },
+    )
+
+
+def report_data(
+    target_path: str,
+    summary: dict,
+    raw: RawViews,
+    reports: StageReports,
+    served: ServedDrafter,
+    plots: Path,
+    card: Path,
+    max_chars: int,
+) -> ReportData:
+    """Everything the page shows, the training curves read from the plots CSVs train wrote."""
+    layer_ids, drafter_dir = served.layer_ids, str(served.drafter_dir)
+    return ReportData(
+        title="EAGLE-3 pipeline report",
+        target=target_path,
+        metrics=summary,
+        datasets=raw.datasets,
+        answers=raw.answers,
+        failures=raw.failures,
+        samples=raw.samples,
+        train=reports.train,
+        train_loss=read_csv(plots / "train_loss.csv"),
+        train_evals=read_csv(plots / "train_evals.csv"),
+        train_acceptance=read_csv(plots / "train_acceptance.csv"),
+        benchmark=reports.benchmark,
+        serving={
+            "layer_ids": {
+                "trained on (HF hidden_states indices)": layer_ids["hf"],
+                "SGLang (eagle_config.eagle_aux_hidden_state_layer_ids)": layer_ids["sglang"],
+                "vLLM (eagle_aux_hidden_state_layer_ids)": layer_ids["vllm"],
+            },
+            "sglang_command": sglang_command(served.model, drafter_dir, served.num_steps),
+            "vllm_command": vllm_command(served.model, drafter_dir, served.num_steps),
+            "card": card,
+        },
+        max_chars=max_chars,
+    )
+
+
 def main(
     raw_dir: PathOpt,
     generate_dir: PathOpt,
@@ -79,97 +250,20 @@ def main(
     target = config.section(config.TargetParams, "target", params)
     train_params = config.section(config.TrainParams, "train", params)
     datasets = config.datasets(params)
-    names = list(datasets)
     remove_stale_temps_around(out, metrics, card)
-    files = raw_files([raw_dir / n for n in names], "report")
-    budgets = {n: d.generate.budget_tokens for n, d in datasets.items()}
-    answers = quality_answers(files, budgets, q.histogram_buckets)
-    con = open_samples(files)
-    failures = rows(con, "failures", limit=p.max_failures)
-    records = rows(con, "sample_records", per_dataset=p.samples_per_dataset)
-    tokenizer = target_tokenizer(target)
-    samples = sample_views(records, tokenizer, target_roles(target, tokenizer), p.prompt_tokens)
-
-    generate = {n: read_json(generate_dir / f"{n}.json") for n in names}
-    merge, vocab = read_json(merge_report), read_json(vocab_report)
-    extract, train = read_json(extract_report), read_json(train_report)
-    benchmark = read_json(benchmark_report)
-    summary = run_metrics(
-        generate=generate,
-        merge=merge,
-        answers=answers,
-        expect={n: (d.expect.reasoning, d.expect.tool_calls) for n, d in datasets.items()},
-        vocab=vocab,
-        extract=extract,
-        train=train,
-        benchmark=benchmark,
+    raw = raw_views(raw_dir, datasets, p, q, target)
+    reports = StageReports(
+        generate={n: read_json(generate_dir / f"{n}.json") for n in raw.datasets},
+        merge=read_json(merge_report),
+        vocab=read_json(vocab_report),
+        extract=read_json(extract_report),
+        train=read_json(train_report),
+        benchmark=read_json(benchmark_report),
     )
-
-    drafter_config = read_json(drafter_dir / "config.json")
-    layer_ids = {
-        "hf": extract.get("aux_hf_indices"),
-        "sglang": (drafter_config.get("eagle_config") or {}).get(
-            "eagle_aux_hidden_state_layer_ids"
-        ),
-        "vllm": drafter_config.get("eagle_aux_hidden_state_layer_ids"),
-    }
-    served = p.card.base_model or target.path
-    num_steps = int(benchmark.get("num_steps") or 3)
-    temps = benchmark.get("temperatures", {})
-    facts = CardFacts(
-        title=p.card.title or f"EAGLE-3 draft model for {served}",
-        target=served,
-        base_model=p.card.base_model,
-        license=p.card.license,
-        tags=p.card.tags,
-        drafter_dir=str(drafter_dir),
-        num_steps=num_steps,
-        data_mix=[
-            {"dataset": n, **merge.get("per_dataset", {}).get("train", {}).get(n, {})}
-            for n in names
-        ],
-        layer_ids=layer_ids,
-        sglang_version=train_params.sglang_version,
-        tau={
-            t: {**{d: v.get("tau") for d, v in r.get("datasets", {}).items()}, "all": r.get("tau")}
-            for t, r in temps.items()
-        },
-        training={
-            "steps": train.get("steps"),
-            "best step (by replayed tau)": train.get("best_step"),
-            "replayed tau on the eval split": train.get("best_replayed_tau"),
-            "draft vocabulary": f"{vocab.get('draft_vocab_size')} of "
-            f"{vocab.get('target_vocab_size')} target ids, covering "
-            f"{(vocab.get('coverage') or 0):.1%} of supervised tokens",
-        },
-    )
-    page = render(
-        ReportData(
-            title="EAGLE-3 pipeline report",
-            target=target.path,
-            metrics=summary,
-            datasets=names,
-            answers=answers,
-            failures=failures,
-            samples=samples,
-            train=train,
-            train_loss=read_csv(plots / "train_loss.csv"),
-            train_evals=read_csv(plots / "train_evals.csv"),
-            train_acceptance=read_csv(plots / "train_acceptance.csv"),
-            benchmark=benchmark,
-            serving={
-                "layer_ids": {
-                    "trained on (HF hidden_states indices)": layer_ids["hf"],
-                    "SGLang (eagle_config.eagle_aux_hidden_state_layer_ids)": layer_ids["sglang"],
-                    "vLLM (eagle_aux_hidden_state_layer_ids)": layer_ids["vllm"],
-                },
-                "sglang_command": sglang_command(served, str(drafter_dir), num_steps),
-                "vllm_command": vllm_command(served, str(drafter_dir), num_steps),
-                "card": card,
-            },
-            max_chars=p.max_chars,
-        )
-    )
+    summary = reports.metrics(raw.answers, datasets)
+    served = served_drafter(p.card, target, drafter_dir, reports)
+    facts = card_facts(p.card, served, train_params.sglang_version, raw.datasets, reports)
+    page = render(report_data(target.path, summary, raw, reports, served, plots, card, p.max_chars))
     write_json(summary, metrics)
     write_text(model_card(facts), card)
     write_text(page, out)

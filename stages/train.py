@@ -20,6 +20,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
@@ -33,7 +34,14 @@ from .cli import PathOpt, StageError, params_key, run, summary
 from .drafter.export import check_export, export_drafter
 from .drafter.layers import parse_version
 from .drafter.model import Eagle3Config, Eagle3Drafter, rope_serving_problem
-from .drafter.training import LoopSettings, Objective, TargetFeatures, feature_dtype, train
+from .drafter.training import (
+    History,
+    LoopSettings,
+    Objective,
+    TargetFeatures,
+    feature_dtype,
+    train,
+)
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
 from .runtime.files import ChecksumError, verify_checksum, write_csv, write_json
@@ -206,26 +214,11 @@ def _train(
         )
     torch.manual_seed(p.seed)
     meta = hidden.read_meta(hidden_dir)
-    target_config = AutoConfig.from_pretrained(
-        target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
-    )
-    with params_key("train.draft"):
-        drafter = build_drafter(target_config, meta, vocab_file, p.draft)
-    with params_key("train.sglang_version"):
-        version = parse_version(p.sglang_version) if p.sglang_version else None
-    if problem := rope_serving_problem(drafter.cfg.rope_scaling, version):
-        raise StageError(f"train.draft / train.sglang_version: {problem}")
+    target_config, drafter = _servable_drafter(p, target, meta, vocab_file)
     embed, head = embedding_and_head(target.path)
     online = meta.store == "none"
     features = online_features(target, meta, device, p.cpu_threads) if online else None
-    train_set = HiddenStates(hidden_dir, "train", p.max_length)
-    eval_set = HiddenStates(hidden_dir, "eval", p.max_length)
-    if not len(train_set):
-        raise StageError(f"{hidden_dir / hidden.INDEX}: no train samples; check extract.splits")
-    # every shard is the file extract wrote (size and sha256) before a step uses it; each rank
-    # reads its share once
-    shards = sorted({r["shard"] for r in train_set.rows + eval_set.rows})
-    hidden.verify_shards(hidden_dir, shards[rank.rank :: rank.world])
+    train_set, eval_set = _verified_splits(hidden_dir, p.max_length, rank)
     s = settings(p, len(train_set))
     if rank.main:
         start_or_resume(checkpoint_dir, run_identity(p, meta.fingerprint, vocab_file))
@@ -243,58 +236,113 @@ def _train(
         objective, train_set, eval_set, s, checkpoint_dir, device, rank, features=features
     )
     if rank.main:
-        best_path = checkpoint_dir / "best.pt"
-        chosen = best_path if best_path.exists() else checkpoint_dir / "last.pt"
-        verify_checksum(chosen)
-        best = torch.load(chosen, map_location="cpu", weights_only=True)
-        drafter.load_state_dict(best["model"])
-        with params_key("train.sglang_version"):
-            export_drafter(
-                drafter.cpu(),
-                drafter.cfg,
-                out_dir,
-                target_config,
-                extra={"training": p.__dict__, "hidden_meta": meta.to_json()},
-                sglang_version=p.sglang_version,
-            )
-            check_export(
-                out_dir, target_config, meta.aux_hf_indices, sglang_version=p.sglang_version
-            )
-        best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
-        metrics = {
-            "steps": s.total_steps,
-            "final_loss": history.steps[-1]["loss"],
-            "best_step": best_eval and best_eval["step"],
-            "best_replayed_tau": best_eval and best_eval["replayed_tau"],
-            "best_simulated_tau": best_eval and best_eval["simulated_tau"],
-            "eval_num_steps": p.eval_num_steps,
-            "world_size": rank.world,
-            "tokens_per_s": round(history.tokens_per_s, 1),
-            "warmup_s": round(history.warmup_seconds, 1),
-            "padding_share": round(history.padding_share, 4),
-            "compile_failed_at_step": history.compile_failed_at,
-        }
-        write_json(metrics, report)
-        write_csv(history.steps, plots / "train_loss.csv")
-        write_csv(
-            [{k: e[k] for k in EVAL_COLUMNS} for e in history.evals],
-            plots / "train_evals.csv",
-            list(EVAL_COLUMNS),
+        _export_best(drafter, checkpoint_dir, out_dir, target_config, p, meta)
+        _write_reports(history, s, p, rank.world, report, plots)
+
+
+def _servable_drafter(
+    p: config.TrainParams, target: config.TargetParams, meta: hidden.HiddenMeta, vocab_file: Path
+) -> tuple[Any, Eagle3Drafter]:
+    """The target's config and a fresh drafter shaped for it, refused before any training when
+    the SGLang version it is for could not serve its rope scaling."""
+    target_config = AutoConfig.from_pretrained(
+        target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
+    )
+    with params_key("train.draft"):
+        drafter = build_drafter(target_config, meta, vocab_file, p.draft)
+    with params_key("train.sglang_version"):
+        version = parse_version(p.sglang_version) if p.sglang_version else None
+    if problem := rope_serving_problem(drafter.cfg.rope_scaling, version):
+        raise StageError(f"train.draft / train.sglang_version: {problem}")
+    return target_config, drafter
+
+
+def _verified_splits(
+    hidden_dir: Path, max_length: int, rank: parallel.Rank
+) -> tuple[HiddenStates, HiddenStates]:
+    """The train and eval splits, every shard checked to be the file extract wrote (size and
+    sha256) before a step uses it; each rank reads its share once."""
+    train_set = HiddenStates(hidden_dir, "train", max_length)
+    eval_set = HiddenStates(hidden_dir, "eval", max_length)
+    if not len(train_set):
+        raise StageError(f"{hidden_dir / hidden.INDEX}: no train samples; check extract.splits")
+    shards = sorted({r["shard"] for r in train_set.rows + eval_set.rows})
+    hidden.verify_shards(hidden_dir, shards[rank.rank :: rank.world])
+    return train_set, eval_set
+
+
+def _export_best(
+    drafter: Eagle3Drafter,
+    checkpoint_dir: Path,
+    out_dir: Path,
+    target_config: Any,
+    p: config.TrainParams,
+    meta: hidden.HiddenMeta,
+) -> None:
+    """Export the best checkpoint (the last when there was nothing to evaluate), not the drafter
+    as training left it; checked before the stage ends, so that no engine loads it wrongly."""
+    best_path = checkpoint_dir / "best.pt"
+    chosen = best_path if best_path.exists() else checkpoint_dir / "last.pt"
+    verify_checksum(chosen)
+    best = torch.load(chosen, map_location="cpu", weights_only=True)
+    drafter.load_state_dict(best["model"])
+    with params_key("train.sglang_version"):
+        export_drafter(
+            drafter.cpu(),
+            drafter.cfg,
+            out_dir,
+            target_config,
+            extra={"training": p.__dict__, "hidden_meta": meta.to_json()},
+            sglang_version=p.sglang_version,
         )
-        if best_eval:
-            write_csv(
-                [
-                    {
-                        "position": k + 1,
-                        "accuracy": best_eval["accuracy"][k],
-                        "conditional": best_eval["acceptance_conditional"][k],
-                        "unconditional": best_eval["acceptance_unconditional"][k],
-                    }
-                    for k in range(p.ttt_steps)
-                ],
-                plots / "train_acceptance.csv",
-            )
-        print(summary("train", metrics))
+        check_export(out_dir, target_config, meta.aux_hf_indices, sglang_version=p.sglang_version)
+
+
+def _write_reports(
+    history: History,
+    s: LoopSettings,
+    p: config.TrainParams,
+    world: int,
+    report: Path,
+    plots: Path,
+) -> None:
+    """reports/train.json and the `dvc plots` CSVs; the best evaluation's figures are those of
+    the exported checkpoint."""
+    best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
+    metrics = {
+        "steps": s.total_steps,
+        "final_loss": history.steps[-1]["loss"],
+        "best_step": best_eval and best_eval["step"],
+        "best_replayed_tau": best_eval and best_eval["replayed_tau"],
+        "best_simulated_tau": best_eval and best_eval["simulated_tau"],
+        "eval_num_steps": p.eval_num_steps,
+        "world_size": world,
+        "tokens_per_s": round(history.tokens_per_s, 1),
+        "warmup_s": round(history.warmup_seconds, 1),
+        "padding_share": round(history.padding_share, 4),
+        "compile_failed_at_step": history.compile_failed_at,
+    }
+    write_json(metrics, report)
+    write_csv(history.steps, plots / "train_loss.csv")
+    write_csv(
+        [{k: e[k] for k in EVAL_COLUMNS} for e in history.evals],
+        plots / "train_evals.csv",
+        list(EVAL_COLUMNS),
+    )
+    if best_eval:
+        write_csv(
+            [
+                {
+                    "position": k + 1,
+                    "accuracy": best_eval["accuracy"][k],
+                    "conditional": best_eval["acceptance_conditional"][k],
+                    "unconditional": best_eval["acceptance_unconditional"][k],
+                }
+                for k in range(p.ttt_steps)
+            ],
+            plots / "train_acceptance.csv",
+        )
+    print(summary("train", metrics))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 latent attention (q_lora_rank, kv_lora_rank, qk_nope / qk_rope / v head dims), MoE with routed
 experts and a shared expert after `first_k_dense_replace` dense layers, and Kimi's yarn RoPE.
 
-`tiny` runs on the CPU in tests (tests/test_deepseek_target.py); `kimi-k2.5` has Kimi-K2.5's
+`tiny` runs on the CPU in tests (tests/target/test_deepseek_target.py); `kimi-k2.5` has Kimi-K2.5's
 widths with fewer layers and experts (tests/perf/bench_kimi_width.py, on a GPU).
 """
 

@@ -17,7 +17,7 @@ from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.vocab import build_draft_vocab
 from stages.prep import prepare
 from tests.conftest import DEMO_TARGET
-from tests.test_distributed import write_merged
+from tests.runtime.test_distributed import write_merged
 
 DEMO_VOCAB = 2048
 

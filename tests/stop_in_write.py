@@ -2,8 +2,8 @@
 STOP_COUNT-th write of a file matching STOP_AT: the temp file written, not yet renamed into place.
 Under torchrun, STOP_RANK (when set) picks the one rank that stops; the others run on.
 
-tests/test_kill9.py then sends SIGKILL, so the kill lands mid-write on every machine, which polling
-the directory cannot promise (a small shard is written in under a millisecond).
+tests/runtime/test_kill9.py then sends SIGKILL, so the kill lands mid-write on every machine,
+which polling the directory cannot promise (a small shard is written in under a millisecond).
 """
 
 import fnmatch

@@ -1,7 +1,7 @@
 """The project's structure, checked: dvc.yaml's code deps against what each stage really imports,
-the library's layering, and the stage side's shape (the top level holds the stage modules and
-their plumbing; no stage imports another; commands and factories in packages of their own). Run
-by `make check` and tests/test_structure.py.
+the library's layering, the stage side's shape (the top level holds the stage modules and
+their plumbing; no stage imports another; commands and factories in packages of their own), and
+no function longer than MAX_FUNCTION_LINES. Run by `make check` and tests/stages/test_structure.py.
 
     python tools/structure.py           # print problems; exit 1 if any
     python tools/structure.py --deps    # print each stage's code deps, as dvc.yaml should list them
@@ -37,6 +37,9 @@ LAYERS: dict[str, set[str]] = {
 # (stages/commands/), which may import stages but no stage imports them.
 PLUMBING = {"cli", "config"}
 STAGE_SIDE_PACKAGES = {"wiring", "commands"}
+# The longest function (from `def` to its last line) the package holds: an orchestrator longer
+# than this reads better as named steps.
+MAX_FUNCTION_LINES = 60
 
 
 def module_file(root: Path, module: str) -> Path | None:
@@ -229,6 +232,21 @@ def stage_side_problems(root: Path) -> list[str]:
     return problems
 
 
+def length_problems(root: Path) -> list[str]:
+    """Functions of the package longer than MAX_FUNCTION_LINES."""
+    problems = []
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    problems.append(
+                        f"{path.relative_to(root)}:{node.lineno}: {node.name} is {lines} lines "
+                        f"(at most {MAX_FUNCTION_LINES}); split it into named steps"
+                    )
+    return problems
+
+
 def main(argv: list[str]) -> int:
     root = Path(__file__).resolve().parent.parent
     if "--deps" in argv:
@@ -237,7 +255,12 @@ def main(argv: list[str]) -> int:
             for path in sorted(needed_files(root, module)):
                 print(f"  - {path}")
         return 0
-    problems = dvc_dep_problems(root) + layer_problems(root) + stage_side_problems(root)
+    problems = (
+        dvc_dep_problems(root)
+        + layer_problems(root)
+        + stage_side_problems(root)
+        + length_problems(root)
+    )
     for p in problems:
         print(p)
     print(f"structure: {len(problems)} problem(s)")

@@ -16,7 +16,7 @@ What is stored (`extract.store`, meta.json's `store`; absent: `all`):
   positions (the next token is supervised: the target's distribution there is that token's
   label), compacted in position order; the index's `last_offset` says where a sample's label
   rows start in the shard's `last`. Read back, the other rows of `last` are zeros, which no loss
-  term or metric reads (tests/test_feature_store.py).
+  term or metric reads (tests/capture/test_feature_store.py).
 - `none` (online): the same rows of input_ids and loss_mask, no features: the train stage runs
   the target on each batch.
 """

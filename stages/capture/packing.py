@@ -3,7 +3,7 @@
 A row holds consecutive samples up to a token budget; each sample's positions restart at 0 and
 its tokens attend only to its own earlier tokens (a document mask), so each sample's features
 are those of a forward of its own, up to the rounding of other kernel shapes
-(tests/test_packing.py), and nothing is computed for padding.
+(tests/capture/test_packing.py), and nothing is computed for padding.
 
 How the document mask is applied. Given packed `position_ids`, no attention_mask and no cache,
 transformers 5.x builds the mask itself (masking_utils.find_packed_sequence_indices) for eager,

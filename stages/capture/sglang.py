@@ -275,6 +275,20 @@ class Runner0514(ReleaseRunner):
         return output.logits_output.hidden_states, self._final
 
 
+def _initialize_kernel_configs() -> None:
+    """The process-wide MoE and GEMM settings 0.5.23's scheduler sets from the published server
+    args before it builds a model runner; the layers read them while loading."""
+    from sglang.srt.layers.moe import initialize_moe_config
+    from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
+    from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
+    from sglang.srt.layers.quantization.unquant import initialize_bf16_gemm_config
+
+    initialize_moe_config()
+    initialize_fp8_gemm_config()
+    initialize_bf16_gemm_config()
+    initialize_fp4_gemm_config()
+
+
 class Runner0523(ReleaseRunner):
     """SGLang 0.5.23's model runner, built and driven as its benchmark/one_batch.py does, with
     the capture-only settings of --enable-return-aux-hidden-states."""
@@ -282,10 +296,6 @@ class Runner0523(ReleaseRunner):
     def __init__(self, s: RunnerSettings):
         from sglang.srt.configs.model_config import ModelConfig
         from sglang.srt.distributed import bootstrap
-        from sglang.srt.layers.moe import initialize_moe_config
-        from sglang.srt.layers.quantization.fp4_utils import initialize_fp4_gemm_config
-        from sglang.srt.layers.quantization.fp8_utils import initialize_fp8_gemm_config
-        from sglang.srt.layers.quantization.unquant import initialize_bf16_gemm_config
         from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
         from sglang.srt.model_executor.model_runner import ModelRunner
@@ -318,10 +328,7 @@ class Runner0523(ReleaseRunner):
             role="scheduler",
             ranks=SpawnRanks(world_rank=world_rank, gpu_id=s.local_rank),
         )
-        initialize_moe_config()
-        initialize_fp8_gemm_config()
-        initialize_bf16_gemm_config()
-        initialize_fp4_gemm_config()
+        _initialize_kernel_configs()
         model_config = ModelConfig.from_server_args(server_args)
         port = _free_port()
         bootstrap.init_parallel_runtime(

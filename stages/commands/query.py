@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,11 +29,14 @@ from ..cli import StageError, run
 from ..queries import sql
 from ..queries.session import PARAM, catalog, parameters
 
+if TYPE_CHECKING:  # connected where used: `eagle-pipeline --help` loads no DuckDB
+    import duckdb
+
 
 def defaults(params: Path, merged_dir: Path) -> dict:
+    """Values for the parameters a question may name."""
     from ..artifacts.merged import split_path
 
-    """Values for the parameters a question may name."""
     q = config.section(config.QualityParams, "quality", params)
     m = config.section(config.MergeParams, "merge", params)
     return {
@@ -68,44 +71,62 @@ def main(
     params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
 ) -> None:
     """List the named DuckDB questions, or answer one (or any SQL) over the current artifacts."""
-    # imported here, not at the top: `eagle-pipeline --help` loads neither DuckDB nor torch
-    import duckdb
-
-    from ..artifacts import hidden
-    from ..artifacts.merged import SPLITS, split_path
-    from ..artifacts.raw import parts
-    from ..queries.session import add_plan, needs_plan, open_session
-    from ..queries.session import run as run_sql
-    from ..reporting.text import csv_text, json_text, text_table
-
     if question is None and sql_text is None:
-        names = catalog()
-        width = max(len(n) for n, _ in names)
-        for name, text in names:
-            takes = parameters(name)
-            print(f"{name:<{width}}  {text}" + (f"  [{', '.join(takes)}]" if takes else ""))
+        _list_questions()
         return
-    if question is not None and sql_text is not None:
-        raise StageError("query: give a question's name or --sql, not both")
-    if sql_text is not None and not sql_text.strip():
-        raise StageError("query: --sql is empty; give the SQL to run, e.g. --sql 'FROM merged'")
-    if question is not None:
-        try:
-            text = sql(question)
-        except FileNotFoundError as err:
-            known = ", ".join(n for n, _ in catalog())
-            raise StageError(f"query: no question {question!r}; known: {known}") from err
-    else:
-        text = sql_text or ""
+    text = _query_text(question, sql_text)
     datasets = config.datasets(params)
     if dataset is not None and dataset not in datasets:
         raise StageError(
             f"query: --dataset {dataset!r} is no dataset of {params}; its datasets: "
             f"{', '.join(datasets)}"
         )
+    con, views = _open_views(data_dir, datasets)
+    values = defaults(params, data_dir / "merged")
+    values.update(_given_values(param or [], text, question))
+    columns, rows = _answer(con, views, text, values)
+    if dataset is not None:
+        rows = _dataset_rows(dataset, columns, rows)
+    _print_result(columns, rows, as_json=as_json, as_csv=as_csv)
+
+
+def _list_questions() -> None:
+    """No question and no SQL: one line per named question, with the parameters it takes."""
+    names = catalog()
+    width = max(len(n) for n, _ in names)
+    for name, text in names:
+        takes = parameters(name)
+        print(f"{name:<{width}}  {text}" + (f"  [{', '.join(takes)}]" if takes else ""))
+
+
+def _query_text(question: str | None, sql_text: str | None) -> str:
+    """The SQL to run: the named question's, or `--sql`'s; exactly one of them, not blank."""
+    if question is not None and sql_text is not None:
+        raise StageError("query: give a question's name or --sql, not both")
+    if sql_text is not None and not sql_text.strip():
+        raise StageError("query: --sql is empty; give the SQL to run, e.g. --sql 'FROM merged'")
+    if question is None:
+        return sql_text or ""
+    try:
+        return sql(question)
+    except FileNotFoundError as err:
+        known = ", ".join(n for n, _ in catalog())
+        raise StageError(f"query: no question {question!r}; known: {known}") from err
+
+
+def _open_views(
+    data_dir: Path, datasets: dict[str, config.DatasetParams]
+) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
+    """A DuckDB session with a view for each artifact under `data_dir` that exists."""
+    # imported here, not at the top: `eagle-pipeline --help` loads neither DuckDB nor torch
+    from ..artifacts import hidden
+    from ..artifacts.merged import SPLITS, split_path
+    from ..artifacts.raw import parts
+    from ..queries.session import open_session
+
     merged_dir = data_dir / "merged"
     index = data_dir / "hidden" / hidden.INDEX
-    con, views = open_session(
+    return open_session(
         prompts=[str(p) for p in sorted((data_dir / "prompts").glob("*.parquet"))],
         raw=[str(p) for n in datasets for p in parts(data_dir / "raw" / n)],
         merged=[
@@ -114,9 +135,13 @@ def main(
         hidden_index=str(index) if index.exists() else None,
         budgets={n: d.generate.budget_tokens for n, d in datasets.items()},
     )
-    values = defaults(params, merged_dir)
+
+
+def _given_values(items: list[str], text: str, question: str | None) -> dict:
+    """The `-p name=value` settings, each checked against the parameters `text` takes."""
     takes = list(dict.fromkeys(PARAM.findall(text)))
-    for item in param or []:
+    given = {}
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep:
             raise StageError(f"query: --param {item!r}: expected name=value")
@@ -126,19 +151,40 @@ def main(
                 f"query: --param {name}: {what} takes "
                 + (", ".join(takes) if takes else "no parameters")
             )
-        values[name] = _value(value)
+        given[name] = _value(value)
+    return given
+
+
+def _answer(
+    con: duckdb.DuckDBPyConnection, views: list[str], text: str, values: dict
+) -> tuple[list[str], list[tuple]]:
+    """Run `text`; a DuckDB error becomes one line naming the views the session defines."""
+    import duckdb
+
+    from ..queries.session import add_plan, needs_plan
+    from ..queries.session import run as run_sql
+
     try:
         if needs_plan(text):
             add_plan(con, values)
-        columns, rows = run_sql(con, text, values)
+        return run_sql(con, text, values)
     except duckdb.Error as err:  # a view that is not there, a typo in the SQL: its first line
         first = str(err).strip().splitlines()[0]
         raise StageError(f"query: {first} (views defined: {', '.join(views)})") from err
-    if dataset is not None:
-        if "dataset" not in columns:
-            raise StageError("query: --dataset needs a result with a dataset column")
-        at = columns.index("dataset")
-        rows = [r for r in rows if r[at] == dataset]
+
+
+def _dataset_rows(dataset: str, columns: list[str], rows: list[tuple]) -> list[tuple]:
+    """`--dataset`: the rows of that dataset, for a result that has a dataset column."""
+    if "dataset" not in columns:
+        raise StageError("query: --dataset needs a result with a dataset column")
+    at = columns.index("dataset")
+    return [r for r in rows if r[at] == dataset]
+
+
+def _print_result(columns: list[str], rows: list[tuple], *, as_json: bool, as_csv: bool) -> None:
+    """Print the answer as JSON, CSV or (by default) an aligned table."""
+    from ..reporting.text import csv_text, json_text, text_table
+
     if as_json:
         print(json_text(columns, rows))
     elif as_csv:

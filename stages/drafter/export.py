@@ -245,6 +245,14 @@ def check_exported(out_dir: Path | str, target_config: Any) -> None:
 def _config_problems(
     config: dict, target: TargetFacts, trained: list[int], sglang_version: str | None
 ) -> list[str]:
+    """What an engine would read wrongly from config.json: its fields, then its layer ids."""
+    return _field_problems(config, target, sglang_version) + _layer_id_problems(
+        config, target, trained, sglang_version
+    )
+
+
+def _field_problems(config: dict, target: TargetFacts, sglang_version: str | None) -> list[str]:
+    """The config.json fields the engines read or silently replace, against the target's."""
     expect = {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -283,9 +291,17 @@ def _config_problems(
     )
     if rope:
         problems.append(f"config.json: {rope}")
-    eagle = config.get("eagle_config") or {}
-    if eagle.get("use_aux_hidden_state") is not True:
+    if (config.get("eagle_config") or {}).get("use_aux_hidden_state") is not True:
         problems.append("config.json: eagle_config.use_aux_hidden_state must be true")
+    return problems
+
+
+def _layer_id_problems(
+    config: dict, target: TargetFacts, trained: list[int], sglang_version: str | None
+) -> list[str]:
+    """Whether each engine, reading its layer ids from config.json, captures the hidden states
+    the drafter was trained on: a wrong id loads without a word and only drafts worse."""
+    problems = []
     if len(trained) != ENGINE_NUM_AUX:
         problems.append(
             f"trained on {len(trained)} target layers; the engines feed exactly {ENGINE_NUM_AUX}"
@@ -296,9 +312,23 @@ def _config_problems(
             f"config.json: {PROJECT_KEY}.aux_hidden_state_hf_indices is {recorded}, "
             f"trained on {trained}"
         )
-    sglang_ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+    problems += _sglang_id_problems(config, target, trained, sglang_version)
     vllm_ids = config.get("eagle_aux_hidden_state_layer_ids")
-    n = target.num_hidden_layers
+    vllm = vllm_captured_indices(vllm_ids, target.num_hidden_layers)
+    if vllm != trained:
+        problems.append(
+            f"config.json: eagle_aux_hidden_state_layer_ids {vllm_ids} make vLLM "
+            f"capture HF hidden states {vllm}, trained on {trained}"
+        )
+    return problems
+
+
+def _sglang_id_problems(
+    config: dict, target: TargetFacts, trained: list[int], sglang_version: str | None
+) -> list[str]:
+    """The SGLang ids' check, at `sglang_version` or at every known version (which must all
+    capture alike); hints at the version the ids were written for when none is named."""
+    sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     versions = f"version {sglang_version}" if sglang_version else "every known version"
     written_for = (config.get(PROJECT_KEY) or {}).get("sglang_version")
     hint = (
@@ -308,26 +338,21 @@ def _config_problems(
     )
     try:
         # the same table serving_layer_ids wrote them by; raises when versions capture differently
-        sglang = sglang_captured_indices(target.architecture, sglang_ids, n, sglang_version)
+        sglang = sglang_captured_indices(
+            target.architecture, sglang_ids, target.num_hidden_layers, sglang_version
+        )
     except ValueError as e:
-        problems.append(
+        return [
             f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids: {e}; "
             f"trained on {trained}{hint}"
-        )
-    else:
-        if sglang != trained:
-            problems.append(
-                f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids "
-                f"{sglang_ids} make SGLang capture HF hidden states {sglang} of "
-                f"{target.architecture} ({versions}), trained on {trained}{hint}"
-            )
-    vllm = vllm_captured_indices(vllm_ids, n)
-    if vllm != trained:
-        problems.append(
-            f"config.json: eagle_aux_hidden_state_layer_ids {vllm_ids} make vLLM "
-            f"capture HF hidden states {vllm}, trained on {trained}"
-        )
-    return problems
+        ]
+    if sglang != trained:
+        return [
+            f"config.json: eagle_config.eagle_aux_hidden_state_layer_ids "
+            f"{sglang_ids} make SGLang capture HF hidden states {sglang} of "
+            f"{target.architecture} ({versions}), trained on {trained}{hint}"
+        ]
+    return []
 
 
 def _weight_problems(path: Path, cfg: Eagle3Config) -> list[str]:

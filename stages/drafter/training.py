@@ -314,6 +314,27 @@ def training_step(
     return loss, metrics, grad_norm
 
 
+@dataclass
+class Optimization:
+    """The drafter and what updates it, kept together: checkpoints save and restore them as one,
+    and a compilation that fails mid-run swaps `step_model` for the eager `model` for good."""
+
+    drafter: Eagle3Drafter
+    model: nn.Module  # the objective, or its DDP wrapper: what runs eager
+    step_model: Callable[[dict], tuple[torch.Tensor, TTTMetrics]]  # `model`, or it compiled
+    params: list
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    autocast: Callable
+    grad_clip: float
+
+    def step(self, batch: dict) -> tuple[torch.Tensor, TTTMetrics, torch.Tensor]:
+        """`training_step` with this run's parts: the eager retry repeats the same step."""
+        return training_step(
+            self.step_model, batch, self.params, self.opt, self.grad_clip, self.autocast
+        )
+
+
 def train(
     objective: Objective,
     train_set: HiddenStates,
@@ -328,90 +349,22 @@ def train(
     """Train to s.total_steps (resuming from checkpoint_dir/last.pt); `features` computes each
     batch's features on the device when the shards hold none (its time counts in tokens/s)."""
     log = log if rank.main else (lambda _: None)  # the other ranks' figures are the same
-    objective.place(device)
-    objective.world = rank.world
-    drafter = objective.drafter
-    model: nn.Module = objective
-    if rank.world > 1:
-        # The buffers (the target's embedding and head) are the same file on every rank:
-        # broadcasting them before every forward would move gigabytes for nothing.
-        model = nn.parallel.DistributedDataParallel(
-            objective,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            broadcast_buffers=False,
-        )
-    if s.fp8 and (problem := fp8_problem(device, drafter.use_fp8(False))):
-        raise ValueError(f"fp8: {problem}; set it to false")
-    if s.fp8 and not s.compile:  # eager, each quantisation is kernels of its own
-        raise ValueError(
-            "fp8: runs compiled only (set compile: true): eager, its quantisation runs as separate "
-            "kernels and the step is slower than bf16's (docs/performance.md)"
-        )
+    model = data_parallel(objective, device, rank)
+    refuse_unfit_fp8(s, objective.drafter, device)
     compiling = compiles(s.compile, device)
-    step_model = compiled_objective(model) if compiling else model
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = adamw(params, s.lr, s.weight_decay, device)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda step: lr_factor(step, s.warmup_steps, s.total_steps, s.min_lr_ratio)
-    )
-    autocast = autocast_for(device)
-    state: LoopState = {"step": 0, "epoch": 0, "cursor": 0, "best_replayed_tau": -1.0}
-    history = History()
+    optim = optimization(model, objective.drafter, s, device, compiling)
     last = checkpoint_dir / "last.pt"
-    if last.exists():
-        verify_checksum(last)  # a checkpoint a machine crash cut short is named, not loaded
-        ckpt = torch.load(last, map_location="cpu", weights_only=True)
-        drafter.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        sched.load_state_dict(ckpt["scheduler"])
-        state.update(ckpt["state"])
-        torch.set_rng_state(ckpt["rng"])
-        # counts a resumed run carries on (a checkpoint from before they were kept has none)
-        counts = {k: ckpt["history"].get(k, 0) for k in ("padding", "positions")}
-        history = History(ckpt["history"]["steps"], ckpt["history"]["evals"], **counts)
-        log(
-            f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
-            f"sample {state['cursor']})"
-        )
+    state, history = resume(last, optim, log)
     first = state["step"]
-    stream = prefetched(
-        batch_stream(
-            train_set,
-            s,
-            state["epoch"],
-            state["cursor"],
-            rank,
-            s.total_steps - first,
-            feature_dtype(device),
-            pin=device.type == "cuda",
-        )
-    )
+    stream = prefetched(remaining_batches(train_set, s, state, rank, device))
     if compiling:  # silent for a long while otherwise (compile times: docs/performance.md)
         log("[train] the first step compiles the objective (minutes on a GPU)")
     clock = time.monotonic()
     for state["epoch"], state["cursor"], batch in stream:
         batch = on_device(batch, device, features)
-        drafter.use_fp8(s.fp8)  # training steps only: evaluation drafts as serving does
-        try:
-            loss, metrics, grad_norm = training_step(
-                step_model, batch, params, opt, s.grad_clip, autocast
-            )
-        except torch._dynamo.exc.TorchDynamoException as err:
-            if step_model is model:
-                raise
-            # a recompile for a new batch shape can fail hours into a run: it goes on eager
-            # (slower, the same arithmetic) rather than dying at that batch on every resume
-            log(
-                f"[train] step {state['step'] + 1}: compiling the objective failed "
-                f"({root_cause(err)}); the run goes on eager"
-            )
-            history.compile_failed_at, step_model = state["step"] + 1, model
-            opt.zero_grad(set_to_none=True)  # a backward that failed may have left some
-            loss, metrics, grad_norm = training_step(
-                step_model, batch, params, opt, s.grad_clip, autocast
-            )
-        drafter.use_fp8(False)
-        sched.step()
+        loss, metrics, grad_norm = optimizer_step(
+            optim, batch, s.fp8, state["step"] + 1, history, log
+        )
         metrics = summed(metrics, rank, device)
         step_loss, step_tokens, positions = step_totals(loss, batch["attention_mask"], rank)
         state["step"] += 1
@@ -421,67 +374,208 @@ def train(
         history.add_step(step_tokens, positions, seconds, warming_up)
         if state["step"] == first + 1:
             log(f"[train] first step {seconds:.3f} s (warm-up, not in the rate)")
-        row = {
-            "step": state["step"],
-            "loss": round(step_loss, 5),
-            "lr": sched.get_last_lr()[0],
-            "grad_norm": round(float(grad_norm), 4),
-            **{f"acc_{k}": round(a, 4) for k, a in enumerate(metrics.accuracy)},
-        }
+        row = step_row(state["step"], step_loss, optim.sched.get_last_lr()[0], grad_norm, metrics)
         history.steps.append(row)
-        if state["step"] % 10 == 0 or state["step"] == s.total_steps:
-            spent = history.seconds + history.warmup_seconds
-            eta = (s.total_steps - state["step"]) * spent / (state["step"] - first)
-            log(
-                f"[train] step {state['step']}/{s.total_steps} loss {row['loss']:.4f} "
-                f"acc0 {row['acc_0']:.3f} lr {row['lr']:.2e} {history.tokens_per_s:,.0f} tok/s "
-                f"eta {eta:,.0f}s"
-            )
-        if state["step"] % s.eval_every == 0 or state["step"] == s.total_steps:
-            ev = evaluate(objective, eval_set, s, device, autocast, rank, features)
+        if due(state["step"], 10, s.total_steps):
+            log(progress(row, history, s.total_steps, first))
+        if due(state["step"], s.eval_every, s.total_steps):
+            ev = evaluate(objective, eval_set, s, device, optim.autocast, rank, features)
             if ev is not None:
-                tau = replayed_tau(ev, s.eval_num_steps)
-                simulated = simulated_tau(ev, s.eval_num_steps)
-                history.evals.append(
-                    {
-                        "step": state["step"],
-                        "replayed_tau": round(tau, 4),
-                        "simulated_tau": round(simulated, 4),
-                        **{k: [round(x, 4) for x in v] for k, v in ev.as_dict().items()},
-                    }
-                )
-                log(
-                    f"[train] eval step {state['step']}: replayed tau {tau:.3f}, simulated "
-                    f"{simulated:.3f} (chain of {s.eval_num_steps})"
-                )
-                if tau > state["best_replayed_tau"]:
-                    state["best_replayed_tau"] = tau
-                    if rank.main:
-                        _save(
-                            checkpoint_dir / "best.pt",
-                            {"model": drafter.state_dict(), "step": state["step"], "tau": tau},
-                        )
-        if rank.main and (
-            state["step"] % s.checkpoint_every == 0 or state["step"] == s.total_steps
-        ):
-            _save(
-                last,
-                {
-                    "model": drafter.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "scheduler": sched.state_dict(),
-                    "state": dict(state),
-                    "rng": torch.get_rng_state(),
-                    "history": {
-                        "steps": history.steps,
-                        "evals": history.evals,
-                        "padding": history.padding,
-                        "positions": history.positions,
-                    },
-                },
-            )
+                tau = record_eval(ev, state["step"], s.eval_num_steps, history, log)
+                keep_if_best(tau, state, optim.drafter, checkpoint_dir / "best.pt", rank)
+        if rank.main and due(state["step"], s.checkpoint_every, s.total_steps):
+            _save(last, checkpoint(optim, state, history))
         clock = time.monotonic()  # evaluation and saving are not training time
     return history
+
+
+def data_parallel(objective: Objective, device: torch.device, rank: Rank) -> nn.Module:
+    """`objective` placed on `device` and, under torchrun, wrapped in DDP without its buffers:
+    they (the target's embedding and head) are the same file on every rank, and broadcasting them
+    before every forward would move gigabytes for nothing."""
+    objective.place(device)
+    objective.world = rank.world
+    model: nn.Module = objective
+    if rank.world > 1:
+        model = nn.parallel.DistributedDataParallel(
+            objective,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False,
+        )
+    return model
+
+
+def refuse_unfit_fp8(s: LoopSettings, drafter: Eagle3Drafter, device: torch.device) -> None:
+    """FP8 where it cannot run, or would run slower than bf16, fails before the first step rather
+    than hours into the run."""
+    if s.fp8 and (problem := fp8_problem(device, drafter.use_fp8(False))):
+        raise ValueError(f"fp8: {problem}; set it to false")
+    if s.fp8 and not s.compile:  # eager, each quantisation is kernels of its own
+        raise ValueError(
+            "fp8: runs compiled only (set compile: true): eager, its quantisation runs as separate "
+            "kernels and the step is slower than bf16's (docs/performance.md)"
+        )
+
+
+def optimization(
+    model: nn.Module, drafter: Eagle3Drafter, s: LoopSettings, device: torch.device, compiling: bool
+) -> Optimization:
+    """A fresh optimizer and schedule for the drafter's trainable parameters: a resumed run then
+    loads their state from its checkpoint."""
+    step_model = compiled_objective(model) if compiling else model
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = adamw(params, s.lr, s.weight_decay, device)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: lr_factor(step, s.warmup_steps, s.total_steps, s.min_lr_ratio)
+    )
+    return Optimization(
+        drafter, model, step_model, params, opt, sched, autocast_for(device), s.grad_clip
+    )
+
+
+def resume(
+    last: Path, optim: Optimization, log: Callable[[str], None]
+) -> tuple[LoopState, History]:
+    """Where the run stands: at its start, or where checkpoint `last` left it, with the drafter,
+    optimizer, schedule and RNG as they were, so that the resumed run continues exactly."""
+    state: LoopState = {"step": 0, "epoch": 0, "cursor": 0, "best_replayed_tau": -1.0}
+    if not last.exists():
+        return state, History()
+    verify_checksum(last)  # a checkpoint a machine crash cut short is named, not loaded
+    ckpt = torch.load(last, map_location="cpu", weights_only=True)
+    optim.drafter.load_state_dict(ckpt["model"])
+    optim.opt.load_state_dict(ckpt["optimizer"])
+    optim.sched.load_state_dict(ckpt["scheduler"])
+    state.update(ckpt["state"])
+    torch.set_rng_state(ckpt["rng"])
+    # counts a resumed run carries on (a checkpoint from before they were kept has none)
+    counts = {k: ckpt["history"].get(k, 0) for k in ("padding", "positions")}
+    history = History(ckpt["history"]["steps"], ckpt["history"]["evals"], **counts)
+    log(
+        f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
+        f"sample {state['cursor']})"
+    )
+    return state, history
+
+
+def checkpoint(optim: Optimization, state: LoopState, history: History) -> dict:
+    """What `resume` reads back: all a run needs to continue as if it had never stopped."""
+    return {
+        "model": optim.drafter.state_dict(),
+        "optimizer": optim.opt.state_dict(),
+        "scheduler": optim.sched.state_dict(),
+        "state": dict(state),
+        "rng": torch.get_rng_state(),
+        "history": {
+            "steps": history.steps,
+            "evals": history.evals,
+            "padding": history.padding,
+            "positions": history.positions,
+        },
+    }
+
+
+def remaining_batches(
+    data: HiddenStates, s: LoopSettings, state: LoopState, rank: Rank, device: torch.device
+) -> Iterator[tuple[int, int, dict]]:
+    """The batches left to s.total_steps from where `state` stands, so that a resumed run reads
+    the ones it would have read; pinned on a GPU, for their copies to overlap the steps."""
+    steps = s.total_steps - state["step"]
+    dtype, pin = feature_dtype(device), device.type == "cuda"
+    return batch_stream(data, s, state["epoch"], state["cursor"], rank, steps, dtype, pin)
+
+
+def optimizer_step(
+    optim: Optimization,
+    batch: dict,
+    fp8: bool,
+    step: int,
+    history: History,
+    log: Callable[[str], None],
+) -> tuple[torch.Tensor, TTTMetrics, torch.Tensor]:
+    """Step `step`, FP8 in training steps only (evaluation drafts as serving does). A recompile
+    for a new batch shape can fail hours into a run: it goes on eager (slower, the same
+    arithmetic) rather than dying at that batch on every resume."""
+    optim.drafter.use_fp8(fp8)
+    try:
+        loss, metrics, grad_norm = optim.step(batch)
+    except torch._dynamo.exc.TorchDynamoException as err:
+        if optim.step_model is optim.model:
+            raise
+        log(
+            f"[train] step {step}: compiling the objective failed "
+            f"({root_cause(err)}); the run goes on eager"
+        )
+        history.compile_failed_at, optim.step_model = step, optim.model
+        optim.opt.zero_grad(set_to_none=True)  # a backward that failed may have left some
+        loss, metrics, grad_norm = optim.step(batch)
+    optim.drafter.use_fp8(False)
+    optim.sched.step()
+    return loss, metrics, grad_norm
+
+
+def due(step: int, every: int, total: int) -> bool:
+    """Every `every` steps, and at the last step: a run always ends logged, evaluated, saved."""
+    return step % every == 0 or step == total
+
+
+def step_row(
+    step: int, loss: float, lr: float | torch.Tensor, grad_norm: torch.Tensor, metrics: TTTMetrics
+) -> dict:
+    """A step's figures as reports/plots/train_loss.csv keeps them: rounded, for a readable plot."""
+    return {
+        "step": step,
+        "loss": round(loss, 5),
+        "lr": lr,
+        "grad_norm": round(float(grad_norm), 4),
+        **{f"acc_{k}": round(a, 4) for k, a in enumerate(metrics.accuracy)},
+    }
+
+
+def progress(row: dict, history: History, total_steps: int, first: int) -> str:
+    """The progress line; its ETA from this run's own steps (a resumed run's earlier ones took
+    their time in another process)."""
+    spent = history.seconds + history.warmup_seconds
+    eta = (total_steps - row["step"]) * spent / (row["step"] - first)
+    return (
+        f"[train] step {row['step']}/{total_steps} loss {row['loss']:.4f} "
+        f"acc0 {row['acc_0']:.3f} lr {row['lr']:.2e} {history.tokens_per_s:,.0f} tok/s "
+        f"eta {eta:,.0f}s"
+    )
+
+
+def record_eval(
+    ev: TTTMetrics, step: int, num_steps: int, history: History, log: Callable[[str], None]
+) -> float:
+    """Keep an evaluation in the history (the report and `dvc plots` read it); its replayed tau,
+    the figure checkpoints are selected by."""
+    tau = replayed_tau(ev, num_steps)
+    simulated = simulated_tau(ev, num_steps)
+    history.evals.append(
+        {
+            "step": step,
+            "replayed_tau": round(tau, 4),
+            "simulated_tau": round(simulated, 4),
+            **{k: [round(x, 4) for x in v] for k, v in ev.as_dict().items()},
+        }
+    )
+    log(
+        f"[train] eval step {step}: replayed tau {tau:.3f}, simulated "
+        f"{simulated:.3f} (chain of {num_steps})"
+    )
+    return tau
+
+
+def keep_if_best(
+    tau: float, state: LoopState, drafter: Eagle3Drafter, path: Path, rank: Rank
+) -> None:
+    """Save the drafter at `path` when its replayed acceptance length beats the best so far:
+    selection by what a benchmark measures, not by loss. Every rank tracks the best (it is in
+    the checkpoint's state); rank 0 writes it."""
+    if tau > state["best_replayed_tau"]:
+        state["best_replayed_tau"] = tau
+        if rank.main:
+            _save(path, {"model": drafter.state_dict(), "step": state["step"], "tau": tau})
 
 
 def batch_stream(

@@ -93,26 +93,45 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
 
 
 def model_card(f: CardFacts) -> str:
+    sections = [
+        _card_header(f),
+        _data_mix_section(f),
+        _layers_section(f),
+        _acceptance_section(f),
+        _training_section(f),
+        _serving_section(f),
+    ]
+    return "\n".join(line for s in sections if s for line in (*s, ""))
+
+
+def _card_header(f: CardFacts) -> list[str]:
+    """The YAML front matter the hub reads (base_model only when set), the title, what it is."""
     front: dict = {}
     if f.base_model:
         front["base_model"] = f.base_model
     front.update(license=f.license, tags=list(f.tags), pipeline_tag="text-generation")
-    lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", f"# {f.title}", ""]
-    lines += [
+    return [
+        "---",
+        yaml.safe_dump(front, sort_keys=False).rstrip(),
+        "---",
+        "",
+        f"# {f.title}",
+        "",
         f"An EAGLE-3 draft model for `{f.target}`, trained on the target's own replies (reasoning,"
         " answers and tool calls as the target generated them, token for token). It proposes"
         f" chains of {f.num_steps} tokens that the target verifies; it never changes what the"
         " target outputs. Format: SGLang's `LlamaForCausalLMEagle3` (`config.json` +"
         " `model.safetensors`), which vLLM loads too.",
-        "",
-        "## Data mix",
-        "",
     ]
+
+
+def _data_mix_section(f: CardFacts) -> list[str]:
+    """Samples and tokens per dataset, with each one's share of the supervised tokens."""
     mix = list(f.data_mix)
     total = {
         k: sum(int(r.get(k) or 0) for r in mix) for k in ("samples", "tokens", "supervised_tokens")
     }
-    lines += _table(
+    table = _table(
         ["dataset", "samples", "tokens", "supervised tokens", "share of supervised"],
         [
             [
@@ -126,16 +145,20 @@ def model_card(f: CardFacts) -> str:
         ]
         + [["all", total["samples"], total["tokens"], total["supervised_tokens"], "100%"]],
     )
-    lines += [
+    return [
+        "## Data mix",
+        "",
+        *table,
         "",
         "Tokens are whole sequences (prompt + reply); supervised tokens are the target's replies,"
         " the only positions trained on.",
-        "",
-        "## Layers the draft reads",
-        "",
     ]
+
+
+def _layers_section(f: CardFacts) -> list[str]:
+    """The layer ids each engine reads, each in its own convention, beside the trained ones."""
     version = f"SGLang {f.sglang_version}" if f.sglang_version else "every SGLang version"
-    lines += _table(
+    table = _table(
         ["engine", "config.json key", "layer ids"],
         [
             ["trained on (HF hidden_states indices)", "-", f.layer_ids.get("hf")],
@@ -147,24 +170,38 @@ def model_card(f: CardFacts) -> str:
             ["vLLM", "eagle_aux_hidden_state_layer_ids", f.layer_ids.get("vllm")],
         ],
     )
-    lines += ["", f"## Acceptance length (tau, chain of {f.num_steps}, top-k 1)", ""]
+    return ["## Layers the draft reads", "", *table]
+
+
+def _acceptance_section(f: CardFacts) -> list[str]:
+    """tau per dataset (and all of them) at each benchmarked temperature."""
     temps = list(f.tau)
     datasets = sorted({d for t in temps for d in f.tau[t] if d != "all"})
-    lines += _table(
+    table = _table(
         ["dataset", *(f"T = {t}" for t in temps)],
         [[d, *(f.tau[t].get(d) for t in temps)] for d in datasets]
         + [["all", *(f.tau[t].get("all") for t in temps)]],
     )
-    lines += [
+    return [
+        f"## Acceptance length (tau, chain of {f.num_steps}, top-k 1)",
+        "",
+        *table,
         "",
         "tau: tokens the target emits per verify step with this drafter (plain decoding: 1.0),"
         " on held-out prompts of each dataset.",
     ]
-    if f.training:
-        lines += ["", "## Training", ""]
-        lines += [f"- {k}: {v}" for k, v in f.training.items()]
-    lines += [
-        "",
+
+
+def _training_section(f: CardFacts) -> list[str]:
+    """The training figures as a list; no section when there are none."""
+    if not f.training:
+        return []
+    return ["## Training", "", *(f"- {k}: {v}" for k, v in f.training.items())]
+
+
+def _serving_section(f: CardFacts) -> list[str]:
+    """The commands that serve the drafter: SGLang, vLLM as exported, vLLM via speculators."""
+    return [
         "## Serving",
         "",
         "SGLang:",
@@ -190,6 +227,4 @@ def model_card(f: CardFacts) -> str:
         "```",
         "",
         f"`{f.drafter_dir}` is this directory (or its Hugging Face id once uploaded).",
-        "",
     ]
-    return "\n".join(lines)

@@ -163,80 +163,91 @@ def _data_overview(d: ReportData) -> str:
     rea = _by(d.answers.get("reasoning_presence", []))
     tools = _by(d.answers.get("tool_call_integrity", []))
     budget = _by(d.answers.get("budget_used", []))
-
-    def col(rows: Mapping[str, Mapping], key: str) -> list[float | None]:
-        return [rows.get(n, {}).get(key) for n in names]
-
     charts = [
-        svg.bars(
+        _share_chart(
             names,
+            fin,
             {
-                "stop": col(fin, "stop_share"),
-                "length (truncated)": col(fin, "truncated_share"),
-                "abort (failed)": col(fin, "failed_share"),
+                "stop": "stop_share",
+                "length (truncated)": "truncated_share",
+                "abort (failed)": "failed_share",
             },
             title="Finish reasons (share of replies)",
-            x_label="dataset",
-            y_label="share",
             stacked=True,
             y_max=1.0,
             name="finish-reasons",
         ),
-        svg.bars(
+        _share_chart(
             names,
+            rea,
             {
-                "opened": col(rea, "reasoning_opened_share"),
-                "closed": col(rea, "reasoning_closed_share"),
-                "empty": col(rea, "empty_reasoning_share"),
+                "opened": "reasoning_opened_share",
+                "closed": "reasoning_closed_share",
+                "empty": "empty_reasoning_share",
             },
             title="Reasoning presence (share of replies)",
-            x_label="dataset",
-            y_label="share",
             y_max=1.0,
             name="reasoning-presence",
         ),
-        svg.bars(
+        _share_chart(
             names,
+            tools,
             {
-                "tools offered": col(tools, "tools_offered_share"),
-                "calls a tool": col(tools, "tool_call_share"),
-                "call left open": col(tools, "unbalanced_share"),
+                "tools offered": "tools_offered_share",
+                "calls a tool": "tool_call_share",
+                "call left open": "unbalanced_share",
             },
             title="Tool-call integrity (share of completed replies)",
-            x_label="dataset",
-            y_label="share",
             y_max=1.0,
             name="tool-calls",
         ),
-        svg.bars(
+        _share_chart(
             names,
-            {"budget used": col(budget, "budget_used_share")},
+            budget,
+            {"budget used": "budget_used_share"},
             title="Token budget used (share)",
-            x_label="dataset",
-            y_label="share",
             name="budget-used",
         ),
     ]
-    rows = []
-    for n in names:
-        rows.append(
-            {
-                "dataset": n,
-                "replies": fin.get(n, {}).get("samples"),
-                "stop": fin.get(n, {}).get("stop_share"),
-                "truncated": fin.get(n, {}).get("truncated_share"),
-                "failed": fin.get(n, {}).get("failed"),
-                "reasoning closed": rea.get(n, {}).get("reasoning_closed_share"),
-                "reasoning empty": rea.get(n, {}).get("empty_reasoning_share"),
-                "calls a tool": tools.get(n, {}).get("tool_call_share"),
-                "tool calls": tools.get(n, {}).get("tool_calls"),
-                "calls left open": tools.get(n, {}).get("unbalanced_share"),
-                "generated tokens": budget.get(n, {}).get("generated_tokens"),
-                "budget tokens": budget.get(n, {}).get("budget_tokens"),
-                "budget used": budget.get(n, {}).get("budget_used_share"),
-            }
-        )
+    rows = [_overview_row(n, fin, rea, tools, budget) for n in names]
     return _charts(charts) + table(rows)
+
+
+def _share_chart(
+    names: Sequence[str],
+    rows: Mapping[str, Mapping],
+    columns: Mapping[str, str],
+    **chart: Any,
+) -> str:
+    """Bars of shares per dataset, one series per label of `columns` (label -> column of
+    `rows`); a dataset missing from `rows` gets no bar."""
+    series = {label: [rows.get(n, {}).get(key) for n in names] for label, key in columns.items()}
+    return svg.bars(names, series, x_label="dataset", y_label="share", **chart)
+
+
+def _overview_row(
+    n: str,
+    fin: Mapping[str, Mapping],
+    rea: Mapping[str, Mapping],
+    tools: Mapping[str, Mapping],
+    budget: Mapping[str, Mapping],
+) -> dict:
+    """One dataset's line of the overview table, from the four questions' rows."""
+    return {
+        "dataset": n,
+        "replies": fin.get(n, {}).get("samples"),
+        "stop": fin.get(n, {}).get("stop_share"),
+        "truncated": fin.get(n, {}).get("truncated_share"),
+        "failed": fin.get(n, {}).get("failed"),
+        "reasoning closed": rea.get(n, {}).get("reasoning_closed_share"),
+        "reasoning empty": rea.get(n, {}).get("empty_reasoning_share"),
+        "calls a tool": tools.get(n, {}).get("tool_call_share"),
+        "tool calls": tools.get(n, {}).get("tool_calls"),
+        "calls left open": tools.get(n, {}).get("unbalanced_share"),
+        "generated tokens": budget.get(n, {}).get("generated_tokens"),
+        "budget tokens": budget.get(n, {}).get("budget_tokens"),
+        "budget used": budget.get(n, {}).get("budget_used_share"),
+    }
 
 
 def buckets(rows: Sequence[Mapping]) -> list[dict]:

@@ -120,12 +120,7 @@ def bars(
     horizontal line (value, label), e.g. the baseline's tau of 1."""
     names = list(series)
     values = [[float(v or 0.0) for v in series[n]] for n in names]
-    if stacked:
-        top = max((sum(col) for col in zip(*values)), default=0.0)
-    else:
-        top = max((v for row in values for v in row), default=0.0)
-    if reference is not None:
-        top = max(top, reference[0])
+    top = _bars_top(values, stacked, reference)
     ticks = nice_ticks(0.0, y_max if y_max is not None else top or 1.0)
     bottom = height - BOTTOM
 
@@ -157,14 +152,32 @@ def bars(
                 f'text-anchor="middle">{escape(category)}</text>'
             )
     if reference is not None:
-        y = y_of(reference[0])
-        out.append(
-            f'<line class="reference" x1="{LEFT}" x2="{width - RIGHT}" y1="{y:.1f}" '
-            f'y2="{y:.1f}"><title>{escape(reference[1])}</title></line>'
-            f'<text class="legend" x="{width - RIGHT - 4}" y="{y - 4:.1f}" text-anchor="end">'
-            f"{escape(reference[1])}</text>"
-        )
+        out.append(_reference(y_of(reference[0]), reference[1], width))
     return "\n".join(out + _legend(names, width) + ["</svg>"])
+
+
+def _bars_top(
+    values: Sequence[Sequence[float]], stacked: bool, reference: tuple[float, str] | None
+) -> float:
+    """The value the y axis must reach: the tallest bar (or stack), or the reference line when
+    that is higher."""
+    if stacked:
+        top = max((sum(col) for col in zip(*values)), default=0.0)
+    else:
+        top = max((v for row in values for v in row), default=0.0)
+    if reference is not None:
+        top = max(top, reference[0])
+    return top
+
+
+def _reference(y: float, label: str, width: int) -> str:
+    """A dashed horizontal line across the plot at height `y`, labelled at its right end."""
+    return (
+        f'<line class="reference" x1="{LEFT}" x2="{width - RIGHT}" y1="{y:.1f}" '
+        f'y2="{y:.1f}"><title>{escape(label)}</title></line>'
+        f'<text class="legend" x="{width - RIGHT - 4}" y="{y - 4:.1f}" text-anchor="end">'
+        f"{escape(label)}</text>"
+    )
 
 
 def lines(

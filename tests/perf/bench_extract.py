@@ -26,8 +26,18 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from stages.capture.hooks import FeatureExtractor, compile_layers, decoder_parts
 from stages.drafter.layers import default_aux_indices
 from stages.runtime.device import resolve_device
+from tests import mla_target
 
 H200_BF16_DENSE_TFLOPS = 989.0
+KIMI = mla_target.SHAPES["kimi-k2.5"]
+KIMI_WIDTHS = (
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
 
 SHAPES = {
     "llama-3.1-8b": dict(
@@ -49,19 +59,15 @@ SHAPES = {
             "original_max_position_embeddings": 8192,
         },
     ),
-    # Kimi-K2.5's widths as a Llama config: what the draft layer is built from (the draft of an
-    # MLA target has head_dim 128 and as many kv heads as heads; the target's vocabulary).
+    # Kimi-K2.5's widths (tests/mla_target.py) as a Llama config: what the draft layer is built
+    # from (the draft of an MLA target has head_dim v_head_dim = 128 and as many kv heads as
+    # heads; the target's vocabulary), at Kimi-K2.5's 61 layers.
     "kimi-k2.5": dict(
-        hidden_size=7168,
-        num_attention_heads=64,
-        num_key_value_heads=64,
-        head_dim=128,
-        intermediate_size=18432,
-        vocab_size=163840,
+        {k: KIMI[k] for k in KIMI_WIDTHS},
+        head_dim=KIMI["v_head_dim"],
         num_hidden_layers=61,
         rms_norm_eps=1e-6,
-        max_position_embeddings=262144,
-        rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+        rope_parameters={"rope_type": "default", "rope_theta": KIMI["rope_theta"]},
     ),
     "tiny": dict(
         hidden_size=64,

@@ -24,8 +24,8 @@ from stages.target.weights import embedding_and_head
 from tests.conftest import DEMO_TARGET
 from tests.perf.bench_kimi_width import run_train
 from tests.reliability import demo_params, write_vocab
-from tests.test_distributed import write_merged
-from tests.test_extract_train import KilledAfter, settings
+from tests.runtime.test_distributed import write_merged
+from tests.stages.test_extract_train import KilledAfter, settings
 
 CPU = torch.device("cpu")
 TARGET = config.TargetParams(path=str(DEMO_TARGET), device="cpu", dtype="float32", cpu_threads=1)

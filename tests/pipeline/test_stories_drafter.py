@@ -17,7 +17,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.shared(STORIES_REL, "data/sharegpt/dummy_conversation.json"),
 ]
-TEMPLATE = Path(__file__).parent / "fixtures" / "stories_chat_template.jinja"
+TEMPLATE = Path(__file__).parents[1] / "fixtures" / "stories_chat_template.jinja"
 
 
 def stories_params(p: dict) -> None:

@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from stages import benchmark, extract, generate, merge, prep, quality, vocab
 from tests.conftest import DEMO_TARGET
 from tests.reliability import demo_params, export_demo_drafter, source, tree
+from tests.runtime.test_distributed import write_merged
 from tests.stage_runner import run_stage
-from tests.test_distributed import write_merged
 
 
 def prep_args(tmp, name="d"):

@@ -30,7 +30,7 @@ from stages.runtime.files import checksum_path, checksum_problem, temp_path
 from stages.runtime.outputs import remove_stale_temps
 from tests.conftest import ROOT, STORIES_REL
 from tests.reliability import leftovers
-from tests.test_distributed import (
+from tests.runtime.test_distributed import (
     stage,
     stage_env,
     train_args,
@@ -38,12 +38,12 @@ from tests.test_distributed import (
     write_params,
     write_vocab,
 )
-from tests.test_generate import outputs, prompts  # noqa: F401 (prompts: a fixture)
+from tests.stages.test_generate import outputs, prompts  # noqa: F401 (prompts: a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 SEED = 9
 POLL_S = 0.002
-STOPPER = Path(__file__).parent / "stop_in_write.py"
+STOPPER = Path(__file__).parents[1] / "stop_in_write.py"
 TRAIN_STEPS, CHECKPOINT_EVERY = 30, 3
 
 

@@ -40,7 +40,7 @@ from tests.doubles import hf_server
 from tests.doubles.hf_server import HFServer, Speculative, model_eos_ids
 from tests.engines.conftest import client, free_port
 
-TEMPLATE = Path(__file__).parent / "fixtures" / "stories_chat_template.jinja"
+TEMPLATE = Path(__file__).parents[1] / "fixtures" / "stories_chat_template.jinja"
 NUM_STEPS, MAX_NEW_TOKENS, DRAFT_VOCAB = 3, 40, 32
 OPENINGS = {
     "tales": [

@@ -1,5 +1,6 @@
 """The process group's bound on a wait for the other ranks (EAGLE_COLLECTIVE_TIMEOUT_S) and the one
-line a failed collective ends a stage with; tests/test_rank_killed.py runs both under torchrun."""
+line a failed collective ends a stage with; tests/runtime/test_rank_killed.py runs both under
+torchrun."""
 
 from __future__ import annotations
 

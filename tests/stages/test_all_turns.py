@@ -27,16 +27,8 @@ from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, ROOT, SHARED
 from tests.doubles.hf_server import HFServer, model_eos_ids
 from tests.rawdata import write_raw
+from tests.stages.conftest import WEATHER, WEATHER_CALL, Recording, same, turns_of
 
-WEATHER = {
-    "name": "get_weather",
-    "description": "Get the current weather for a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-}
 CONVERSATIONS = [
     {
         "id": "three",
@@ -62,12 +54,7 @@ CONVERSATIONS = [
         "id": "tool",
         "tools": json.dumps([WEATHER]),
         "conversations": [
-            {"from": "human", "value": "What is the weather in Paris?"},
-            {
-                "from": "function_call",
-                "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}}),
-            },
-            {"from": "observation", "value": json.dumps({"temperature": 21, "sky": "clear"})},
+            *WEATHER_CALL,
             {"from": "gpt", "value": "-"},
             {"from": "human", "value": "What is the weather in Rome?"},
         ],
@@ -79,31 +66,6 @@ ALL_TURNS = config.PrepParams(
     format="sharegpt", path="", max_prompt_tokens=1024, regenerate="all_turns"
 )
 MAX_LENGTH = 4096
-
-
-@dataclasses.dataclass
-class Recording:
-    """The engine, remembering the prompt ids it was sent for every request."""
-
-    inner: object
-    sent: dict = dataclasses.field(default_factory=dict)
-    killed_after: int | None = None  # die like a killed process after this many replies
-
-    @property
-    def name(self):
-        return self.inner.name
-
-    def generate(self, requests, sampling):
-        def recorded():
-            for request in requests:
-                if request is not None:
-                    self.sent[request[0]] = request[1]
-                yield request
-
-        for n, done in enumerate(self.inner.generate(recorded(), sampling)):
-            if n == self.killed_after:
-                raise KeyboardInterrupt("killed")
-            yield done
 
 
 @pytest.fixture(scope="module")
@@ -139,16 +101,6 @@ def reference(tmp_path_factory, prompts, hf_engine):
     engine = Recording(hf_engine)
     metrics = generate_dataset("chat", prompts[0], out, GEN, 10**6, TARGET, engine)
     return out, engine.sent, metrics
-
-
-def turns_of(out) -> dict[str, list[dict]]:
-    """Raw rows per sample, in turn order; no (sample, turn) twice."""
-    rows = read_raw(out).to_pylist()
-    assert len({(r["sample_id"], r["turn"]) for r in rows}) == len(rows)
-    by = collections.defaultdict(list)
-    for r in sorted(rows, key=lambda r: (r["sample_id"], r["turn"])):
-        by[r["sample_id"]].append(r)
-    return dict(by)
 
 
 def closed(output, eot):
@@ -267,13 +219,6 @@ def test_a_kill_mid_conversation_loses_and_duplicates_nothing(
     resumed = generate_dataset("chat", prompts[0], out, GEN, 10**6, TARGET, engine)
     assert resumed["new_turns"] == len(engine.sent) == 8 - 5 and resumed["turns"] == 8
     assert same(turns_of(out)) == same(turns_of(reference[0]))
-
-
-def same(turns):
-    """The rows without what differs between runs of greedy decoding: timing and engine."""
-    return {
-        sid: [dict(r, latency_s=None, engine=None) for r in rows] for sid, rows in turns.items()
-    }
 
 
 def test_the_budget_counts_every_turn_and_a_raised_one_finishes_the_conversations(

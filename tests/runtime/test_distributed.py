@@ -31,7 +31,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.shared(STORIES_REL),
 ]
-RECORDER = Path(__file__).parent / "dist_fixtures" / "record_writes.py"
+RECORDER = Path(__file__).parents[1] / "dist_fixtures" / "record_writes.py"
 WORLD = 2
 VOCAB = 512  # stories260K's vocabulary, all of it in the draft vocabulary
 

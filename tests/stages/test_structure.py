@@ -33,6 +33,7 @@ def test_the_tree_has_no_problem():
     assert structure.dvc_dep_problems(ROOT) == []
     assert structure.layer_problems(ROOT) == []
     assert structure.stage_side_problems(ROOT) == []
+    assert structure.length_problems(ROOT) == []
 
 
 def test_an_import_dvc_yaml_does_not_list_is_caught(tree):
@@ -133,3 +134,13 @@ def test_a_top_level_module_that_is_no_stage_is_caught(tree):
     assert any(
         "stages/helpers.py: neither a stage dvc.yaml runs nor plumbing" in p for p in problems
     )
+
+
+def test_a_function_over_the_length_limit_is_caught(tree):
+    assert structure.length_problems(tree) == []
+    body = "".join(f"    x{i} = {i}\n" for i in range(structure.MAX_FUNCTION_LINES - 1))
+    plant(tree / "stages" / "merge.py", f"def long_step():\n{body}")
+    assert structure.length_problems(tree) == []  # def + 59 lines: at the limit
+    plant(tree / "stages" / "merge.py", f"def longer_step():\n{body}    x = 0")
+    problems = structure.length_problems(tree)
+    assert len(problems) == 1 and "longer_step is 61 lines (at most 60)" in problems[0]

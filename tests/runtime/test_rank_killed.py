@@ -28,7 +28,7 @@ import yaml
 
 from stages.runtime.parallel import TIMEOUT_ENV
 from tests.conftest import STORIES_REL
-from tests.test_distributed import (
+from tests.runtime.test_distributed import (
     assert_same_curves,
     stage,
     stage_env,
@@ -39,7 +39,7 @@ from tests.test_distributed import (
     write_vocab,
     writes,
 )
-from tests.test_kill9 import (
+from tests.runtime.test_kill9 import (
     POLL_S,
     STOPPER,
     assert_killed_temps,

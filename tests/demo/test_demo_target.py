@@ -23,7 +23,7 @@ from demo.build_target import (
 )
 from demo.write_prompts import write_prompts
 
-COMMITTED_TARGET = Path(__file__).resolve().parents[1] / "data" / "demo" / "target"
+COMMITTED_TARGET = Path(__file__).resolve().parents[2] / "data" / "demo" / "target"
 TINY = BuildConfig(
     steps=3,
     conversations=80,

@@ -32,7 +32,7 @@ from stages.target.tokens import TokenRoles
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, ROOT
 from tests.rawdata import raw_row, write_raw
-from tests.test_all_turns import WEATHER, Recording, same, turns_of
+from tests.stages.conftest import WEATHER, WEATHER_CALL, Recording, same, turns_of
 
 KIMI_TEMPLATE = ROOT / "tests" / "fixtures" / "kimi_k25_style.jinja"
 KIMI = config.TargetParams(
@@ -59,12 +59,7 @@ CONVERSATIONS = [
         "id": "result",
         "tools": json.dumps([WEATHER]),
         "conversations": [
-            {"from": "human", "value": "What is the weather in Paris?"},
-            {
-                "from": "function_call",
-                "value": json.dumps({"name": "get_weather", "arguments": {"city": "Paris"}}),
-            },
-            {"from": "observation", "value": json.dumps({"temperature": 21, "sky": "clear"})},
+            *WEATHER_CALL,
             {"from": "gpt", "value": "-"},
             {"from": "human", "value": "Explain what a hash map is."},
         ],

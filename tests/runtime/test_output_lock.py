@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from stages import extract, generate, merge, train
-from stages.runtime import io
+from stages.runtime.outputs import OutputLocked, output_lock
 from tests.conftest import ROOT
 from tests.project import copy_project, sh
 from tests.reliability import (
@@ -30,18 +30,18 @@ from tests.reliability import (
     shared_run,
     train_args,
 )
+from tests.runtime.test_distributed import stage_env
 from tests.stage_runner import run_stage
-from tests.test_distributed import stage_env
 
-STOPPER = Path(__file__).parent / "stop_in_write.py"
+STOPPER = Path(__file__).parents[1] / "stop_in_write.py"
 
 
 def test_a_second_holder_is_refused_and_the_lock_goes_with_its_holder(tmp_path):
     folder = tmp_path / "out"
-    with io.output_lock(folder, "generate d") as lock:
+    with output_lock(folder, "generate d") as lock:
         assert lock == folder / ".stage.lock"
         assert lock.read_text() == f"pid {os.getpid()}, generate d\n"
-        with pytest.raises(io.OutputLocked) as err, io.output_lock(folder, "again"):
+        with pytest.raises(OutputLocked) as err, output_lock(folder, "again"):
             pass
         assert str(err.value) == (
             f"{folder} is being written by another process (pid {os.getpid()}, generate d, "
@@ -51,7 +51,7 @@ def test_a_second_holder_is_refused_and_the_lock_goes_with_its_holder(tmp_path):
     assert not folder.exists()  # created for the run, left empty: removed with the lock
     folder.mkdir()
     (folder / "kept").write_text("x")
-    with io.output_lock(folder):
+    with output_lock(folder):
         pass
     assert sorted(p.name for p in folder.iterdir()) == ["kept"]
 
@@ -60,7 +60,7 @@ def test_a_dead_holders_lock_is_taken_over(tmp_path, capsys):
     folder = tmp_path / "out"
     folder.mkdir()
     (folder / ".stage.lock").write_text("pid 999999999, generate d\n")  # no process holds it
-    with io.output_lock(folder, "extract"):
+    with output_lock(folder, "extract"):
         assert (folder / ".stage.lock").read_text() == f"pid {os.getpid()}, extract\n"
     assert "took over the lock of a process that is gone (pid 999999999, generate d)" in (
         capsys.readouterr().out
@@ -90,7 +90,7 @@ def test_every_folder_writing_stage_refuses_a_held_folder(
         "train": (train.main, train_args(extracted, "hidden"), extracted / "checkpoints"),
     }[stage]
     before = sorted(p.name for p in folder.iterdir()) if folder.exists() else None
-    with io.output_lock(folder, "the test"):
+    with output_lock(folder, "the test"):
         code, _, err = run_stage(main, args, monkeypatch, capsys)
     assert code == 1, err
     assert err.strip().splitlines()[-1] == (

@@ -1,11 +1,11 @@
 """kill -9 anywhere in generate, extract and train, each time followed by a rerun that ends with
 the outputs of an uninterrupted run: a seeded sweep of kill points over each stage's whole run.
 
-tests/test_kill9.py kills each stage inside one seeded write. Here the three stages run on the demo
-target (greedy generation) in a temporary copy of the project with one small dataset, and each is
-killed at KILL_SWEEP_POINTS points (3 in `make test`; `make kill-sweep` runs 21 and prints where
-they landed). Point i of a stage draws frac(a seeded start + i x 0.618...), so any first n points
-spread over the run, and the CI subset is the start of the full sweep:
+tests/runtime/test_kill9.py kills each stage inside one seeded write. Here the three stages run on
+the demo target (greedy generation) in a temporary copy of the project with one small dataset, and
+each is killed at KILL_SWEEP_POINTS points (3 in `make test`; `make kill-sweep` runs 21 and prints
+where they landed). Point i of a stage draws frac(a seeded start + i x 0.618...), so any first n
+points spread over the run, and the CI subset is the start of the full sweep:
 
 - a time point (two points in three) is killed the drawn fraction of the uninterrupted run's time
   after the stage took its output lock (before it, a stage has only imported modules: nothing of
@@ -70,15 +70,15 @@ from stages.runtime.outputs import LOCK_NAME
 from tests.conftest import ROOT
 from tests.project import copy_project, ran_stages
 from tests.reliability import leftovers, tree
-from tests.test_distributed import RECORDER, stage_env, writes
-from tests.test_kill9 import POLL_S, STOPPER
+from tests.runtime.test_distributed import RECORDER, stage_env, writes
+from tests.runtime.test_kill9 import POLL_S, STOPPER
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow, pytest.mark.integration]
 POINTS = int(os.environ.get("KILL_SWEEP_POINTS", "3"))
 SEED = 114  # the first point of every stage falls mid-run: CI's kills reach the work too
 GOLDEN = (math.sqrt(5) - 1) / 2  # the most evenly spreading step of frac(start + i x step)
 DATASET = "sharegpt"
-FREEZE_HOOK = Path(__file__).parent / "freeze"
+FREEZE_HOOK = Path(__file__).parents[1] / "freeze"
 OUTPUT_ROOTS = ("data", "models", "reports")  # where the stages write, in the project
 # what the frozen threads run, by function name (see the module docstring for the phases)
 WRITING = {"atomic_path", "remove_with_checksum", "remove_stale_temps", "empty_dir"}
