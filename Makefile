@@ -47,9 +47,12 @@ sglang-releases: setup
 test: setup sglang-releases
 	$(BIN)/python -m pytest -q
 
-# A few minutes: everything but the slow tests (training runs, whole pipelines, kill -9, torchrun).
+# The quick loop: every test but the slow ones (over half a second each: training runs, whole
+# pipelines, kill -9, torchrun, servers), in two processes (pytest-xdist), timed;
+# docs/performance.md has the measured figure.
 test-fast: setup sglang-releases
-	$(BIN)/python -m pytest -q -m "not slow"
+	@start=$$(date +%s); $(BIN)/python -m pytest -q -m "not slow" -n 2 && \
+	echo "test-fast: $$(( $$(date +%s) - start )) s wall"
 
 # kill -9 at 21 seeded points per stage over the whole run of generate, extract and train, each
 # rerun and compared with an uninterrupted run (tests/runtime/test_kill_sweep.py; `make test` runs 3):

@@ -46,6 +46,7 @@ def shard(k: int) -> dict[str, torch.Tensor]:
     return {"aux": torch.full((4, 6), float(k)), "input_ids": torch.arange(4, dtype=torch.int32)}
 
 
+@pytest.mark.slow
 def test_writes_run_side_by_side_and_put_waits_for_the_oldest(tmp_path, monkeypatch):
     save = SlowSave(0.3)
     monkeypatch.setattr(hidden, "save_safetensors", save)

@@ -179,6 +179,7 @@ def assert_is_hf(path: Path, samples, got, indices) -> None:
 # --- the contract, both engines ------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "deepseek"])
 @pytest.mark.parametrize("engine", ["hf", *(f"sglang-{v}" for v in RELEASES)])
 def test_capture_contract(engine, family, targets, fake):
@@ -219,6 +220,7 @@ def test_features_come_back_in_the_stored_dtype(engine, targets, fake):
         ("deepseek", [3, 4, 6], [3, 4, 6]),  # otherwise as written
     ],
 )
+@pytest.mark.slow
 def test_sglang_ids_per_family_and_release(family, layers, ids, version, targets, fake):
     record = fake(version)
     capture = build_capture(extract_params("sglang", layers), target_params(targets[family]))
@@ -391,6 +393,7 @@ def assert_hidden_is_hf(target: Path, merged: Path, out: Path, indices: list[int
     assert_is_hf(target, [rows[n] for n in names], dict(enumerate(got[n] for n in names)), indices)
 
 
+@pytest.mark.slow
 def test_extract_with_the_sglang_engine_resumes_shard_by_shard(targets, fake, tmp_path, capsys):
     record = fake()
     merged = write_merged(tmp_path / "merged")
@@ -423,6 +426,7 @@ def test_extract_with_the_sglang_engine_resumes_shard_by_shard(targets, fake, tm
 # --- the hf engine: packed rows, host copies and writers -----------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_hf_engine_shards_hold_each_sample_as_run_alone_whatever_the_writers(
     dtype, targets, tmp_path
@@ -604,6 +608,7 @@ def canary_params(tmp_path: Path, target: Path, engine: str, **extract) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["llama", "deepseek"])
 def test_canary_passes_the_sglang_engine_and_fails_a_shifted_capture(
     family, targets, fake, tmp_path
@@ -620,6 +625,7 @@ def test_canary_passes_the_sglang_engine_and_fails_a_shifted_capture(
     assert [s.best_index for s in report.slots] == [3, 5, 6]
 
 
+@pytest.mark.slow
 def test_canary_cli_exits_1_on_a_version_mistake(targets, fake, tmp_path, monkeypatch, capsys):
     merged = write_merged(tmp_path / "merged")
     params = canary_params(tmp_path, targets["deepseek"], "sglang", layers=[3, 4, 6])
@@ -672,6 +678,7 @@ class AuxHandler(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("served, passes", [([2, 4, 5], True), ([3, 5, 6], False)])
 def test_canary_against_a_served_capture(served, passes, targets, tmp_path):
     model = load_causal_lm(str(targets["llama"]), device="cpu", dtype="float32")
@@ -700,6 +707,7 @@ def test_a_served_capture_missing_its_cached_prefix_is_refused():
         prefill_aux(reply, 5, 6)
 
 
+@pytest.mark.slow
 def test_canary_one_node_flow_saves_the_served_states_then_compares(
     targets, fake, tmp_path, capsys
 ):

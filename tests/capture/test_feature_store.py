@@ -172,6 +172,7 @@ def loss_curve(plots: Path) -> list[float]:
         return [float(r["loss"]) for r in csv.DictReader(f)]
 
 
+@pytest.mark.slow
 def test_online_training_follows_the_offline_loss_curve(stores, tmp_path):
     """The train stage on shards of token ids alone runs the target itself: the loss curve of
     training on stored features, to 1e-5 relative (float32 features; the target's forward sees
@@ -192,6 +193,7 @@ def test_online_training_follows_the_offline_loss_curve(stores, tmp_path):
     assert online["best_replayed_tau"] == pytest.approx(offline["best_replayed_tau"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_an_online_run_killed_mid_way_resumes_where_it_stopped(stores, tmp_path):
     hidden = stores["none"]
     features = train_stage.online_features(TARGET, read_meta(hidden), CPU, 1)

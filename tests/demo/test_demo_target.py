@@ -56,6 +56,7 @@ def tokenizer(tiny_target):
 # --- builder ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_build_writes_a_standard_directory_atomically(tiny_target):
     out, info = tiny_target
     names = {p.name for p in out.iterdir()}
@@ -77,6 +78,7 @@ def test_build_writes_a_standard_directory_atomically(tiny_target):
     assert set(saved["demo"]["mean_reply_tokens"]) == {"function_calling", "code", "chat"}
 
 
+@pytest.mark.slow
 def test_failed_build_keeps_the_previous_target_and_leaves_nothing_behind(tmp_path, monkeypatch):
     out = tmp_path / "target"
     out.mkdir()

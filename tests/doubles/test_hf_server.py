@@ -70,6 +70,7 @@ def test_reply_shape_and_stop_trim():
     assert "output_ids" not in reply(job, Completion("r", [5], "length", 0.1), omit_output_ids=True)
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_http_endpoints(serve, model, prompts):
     server = serve(max_queued_requests=0, model_path="/models/t")

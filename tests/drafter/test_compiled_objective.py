@@ -21,6 +21,7 @@ def test_inside_a_compiled_caller_the_parts_are_traced_not_compiled_apart(monkey
     assert model_module._flex_attention(True).__name__ == "flex_attention"
 
 
+@pytest.mark.slow
 def test_compiled_soft_labels_take_every_length_in_one_dynamic_graph(target, drafter):
     """Eager, the target's labels go `chunk` positions at a time; traced that way the graph
     would hold a copy of the chunk's kernels per chunk and guard on the chunk count, compiling

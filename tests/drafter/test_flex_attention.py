@@ -15,6 +15,7 @@ from stages.drafter.ttt import ttt_forward
 from .conftest import HIDDEN, make_drafter, tiny_target_config
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("chain", [0, 1, 3, 7])
 @pytest.mark.parametrize("T", [45, 300])  # one block; three, the last one partly padding
@@ -40,6 +41,7 @@ def test_flex_equals_the_reference(heads, kv_heads, chain, T):
     torch.testing.assert_close(attend_flex(q, kv), attend(q, kv), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_training_time_test_loss_is_the_same_with_either_path():
     target = tiny_target_config()
     drafter = make_drafter(target)

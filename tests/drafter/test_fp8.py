@@ -74,6 +74,7 @@ def test_padded_rows_change_nothing():
     torch.testing.assert_close(dw_padded, dw)
 
 
+@pytest.mark.slow
 def test_layers_of_fp8_products_compile_with_dynamic_lengths():
     """Two FP8 layers in a row, compiled with symbolic lengths (as the objective is after its
     second batch shape) at two lengths: the same output and gradients as eager. With the e4m3

@@ -64,6 +64,7 @@ class FeatureCheckingProposer(Eagle3Proposer):
         return super().propose(ids, aux, *args)
 
 
+@pytest.mark.slow
 def test_output_equals_the_targets_greedy_output(target, drafter):
     for prompt in PROMPTS:
         proposer = FeatureCheckingProposer(target, drafter)
@@ -112,6 +113,7 @@ def test_random_drafter_gives_tau_about_one(target):
     assert stats.unconditional[0] < 0.1
 
 
+@pytest.mark.slow
 def test_sampled_verification_keeps_the_target_distribution():
     """Draft from q, accept with min(1, p/q), else resample max(0, p - q): the token emitted
     first is distributed as p."""

@@ -103,6 +103,7 @@ def test_only_the_diagonal_and_the_chain_blocks_are_partial_without_padding():
     assert mask.kv_num_blocks[0, 0].tolist() == [1 + chains] * len(rows)
 
 
+@pytest.mark.slow
 def test_it_traces_with_dynamic_lengths():
     """Compiled with symbolic lengths (as the objective is after its second batch shape), the
     block lists equal the eager ones at lengths that add blocks."""
@@ -118,6 +119,7 @@ def test_it_traces_with_dynamic_lengths():
             assert torch.equal(got, want)
 
 
+@pytest.mark.slow
 def test_the_mask_captures_no_length_expression_under_dynamic_lengths():
     """Traced with symbolic lengths, what the element mask reads must be tensors or bare size
     symbols: a captured expression (a padded length, `length - 1`) reaches inductor's flex

@@ -186,6 +186,7 @@ def test_several_servers_share_the_work_and_a_dead_one_is_routed_around(
     assert engine.retries >= 1 and engine.in_flight == dict.fromkeys(engine.urls, 0)
 
 
+@pytest.mark.slow
 def test_a_silent_server_times_out_and_is_retried(prompts):
     with socket.socket() as silent:  # connections are accepted by the kernel, never answered
         silent.bind(("127.0.0.1", 0))

@@ -49,6 +49,7 @@ def number(cell: str) -> float:
     return float(cell.replace(",", ""))
 
 
+@pytest.mark.slow
 def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
     bench_train.main(TINY + ["--ttt-steps", "3", "--profile"])
     out = capsys.readouterr().out
@@ -82,6 +83,7 @@ def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
         )
 
 
+@pytest.mark.slow
 def test_bench_train_fp8_curve_trains_both_and_prints_both_curves(capsys):
     """--fp8 (emulated on the CPU) times the FP8 step and checks it against float32; --curve
     then trains the same fresh drafter with and without FP8 on the same batches."""
@@ -230,6 +232,7 @@ def test_forward_flops_counts_layer_weights_and_causal_attention():
     assert bench_extract.forward_flops(model, batch, length) == expected
 
 
+@pytest.mark.slow
 def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, monkeypatch):
     """The real extract, train and export at a tiny DeepSeek-V3 shape; a row whose training runs
     out of GPU memory prints OOM, exports the untrained drafter, and the next row still runs.
@@ -274,6 +277,7 @@ def test_bench_kimi_width_runs_the_stages_and_prints_oom_rows(tmp_path, capsys, 
     assert export["draft"]["head_dim"] == 16 and export["draft"]["rope_scaling"]["factor"] == 64.0
 
 
+@pytest.mark.slow
 def test_bench_merge_builds_raw_data_and_times_the_merge_stage(tmp_path, capsys):
     """Two-turn conversations in the raw schema, merged twice by the stage's own process (the
     second run reuses the data); every sample's last turn is one merged sequence."""

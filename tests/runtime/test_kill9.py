@@ -160,6 +160,7 @@ with files.atomic_file(Path(sys.argv[1]) / "shard-00000.safetensors") as out:
 """
 
 
+@pytest.mark.slow
 def test_a_process_killed_in_a_shard_write_leaves_only_its_own_temp(tmp_path):
     """A shard is written straight to its temp name: what a kill leaves there is half a file
     under the process's temp name, which the next run's cleanup removes."""

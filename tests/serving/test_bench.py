@@ -226,6 +226,7 @@ def in_process(model, drafter_dir, prompts, target, tokenizer) -> dict:
     return benchmark.benchmark(model, drafter.eval(), prompts, b, stop_ids)["temperatures"]["0.0"]
 
 
+@pytest.mark.slow
 @pytest.mark.shared(STORIES_REL)
 def test_the_in_process_benchmark_shows_progress_and_eta(
     model, drafter_dir, prompts, target, tokenizer, capsys

@@ -27,6 +27,7 @@ def test_every_supported_release_has_its_adapter():
     assert set(sglang_capture.RUNNERS) == set(SUPPORTED_VERSIONS)
 
 
+@pytest.mark.slow
 def test_adapter_calls_are_the_releases(release):
     report = ClassWalk(release, sglang_capture.RUNNERS[release.version]).run()
     assert not report.problems, f"SGLang {release.version}:\n" + "\n".join(report.problems)
@@ -83,6 +84,7 @@ def test_the_check_refuses_the_old_engines_calls():
         (("logprob_start_len = -1", "logprob_begin = -1"), "nor sets .logprob_begin"),
     ],
 )
+@pytest.mark.slow
 def test_a_planted_mistake_in_an_adapter_is_caught(release, change, problem):
     """The engine's own adapter with one name changed: the check names it."""
     source = ClassWalk(release, sglang_capture.RUNNERS[release.version]).source

@@ -103,6 +103,7 @@ def test_meta_info_keys_read(release):
     assert not unknown, f"finish_reason keys {unknown} are not SGLang {release.version}'s"
 
 
+@pytest.mark.slow
 def test_routes_called(release):
     called = {
         s.split("?")[0]

@@ -132,6 +132,7 @@ def test_prep_plans_each_turn_as_the_template_renders_it(prompts, tok, eot):
     assert "get_weather" in tool_turn_1 and '"sky": "clear"' in tool_turn_1  # the source call kept
 
 
+@pytest.mark.slow
 def test_each_turn_continues_the_ids_of_the_turn_before(reference, prompts, eot):
     out, sent, metrics = reference
     deltas = {r["sample_id"]: r["turn_deltas"] for r in pq.read_table(prompts[0]).to_pylist()}
@@ -204,6 +205,7 @@ def test_the_sglang_engine_is_sent_the_same_turns(reference, prompts, hf_engine,
     assert same(turns_of(tmp_path / "chat")) == same(turns_of(out))
 
 
+@pytest.mark.slow
 def test_a_kill_mid_conversation_loses_and_duplicates_nothing(
     reference, prompts, hf_engine, tmp_path
 ):
@@ -221,6 +223,7 @@ def test_a_kill_mid_conversation_loses_and_duplicates_nothing(
     assert same(turns_of(out)) == same(turns_of(reference[0]))
 
 
+@pytest.mark.slow
 def test_the_budget_counts_every_turn_and_a_raised_one_finishes_the_conversations(
     reference, prompts, hf_engine, tmp_path
 ):
@@ -279,6 +282,7 @@ def test_mixed_runs_fail_the_merge(reference, tmp_path):
         merge([tmp_path / "raw"], tmp_path / "m", config.MergeParams(eval_fraction=0.0))
 
 
+@pytest.mark.slow
 @pytest.mark.shared("data/mt_bench/question.jsonl")
 def test_mt_bench_regenerates_both_questions(tmp_path, hf_engine, tok, eot):
     source = SHARED / "data" / "mt_bench" / "question.jsonl"

@@ -26,6 +26,7 @@ def test_every_stage_option_has_help(module):
     assert not missing, f"{module}: options without help {missing}; add them to OPTION_HELP"
 
 
+@pytest.mark.slow
 def test_help_is_what_the_user_sees():
     out = subprocess.run(
         [sys.executable, "-m", "stages.merge", "--help"],

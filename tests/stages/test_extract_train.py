@@ -151,6 +151,7 @@ class KilledAfter:
         return self.data[i]
 
 
+@pytest.mark.slow
 def test_training_resumes_exactly(hidden, tmp_path):
     _, h, _ = hidden
     train_set, eval_set = HiddenStates(h, "train"), HiddenStates(h, "eval")
@@ -197,6 +198,7 @@ def test_training_resumes_exactly(hidden, tmp_path):
     assert all(1 <= e["replayed_tau"] <= 4 for e in history.evals)  # chain of 3 drafts
 
 
+@pytest.mark.slow
 def test_a_failed_compile_goes_on_eager_with_the_same_steps(hidden, tmp_path, monkeypatch):
     """A compilation that fails mid-run (here the recompile for the second batch shape) does not
     end the run: it goes on eager from that step, with the losses an eager run has, and says at

@@ -66,6 +66,7 @@ def outputs(directory):
     return {r["sample_id"]: r["output_ids"] for r in read_raw(directory).to_pylist()}
 
 
+@pytest.mark.slow
 def test_crash_then_resume_loses_and_duplicates_nothing(tmp_path, prompts, engine):
     ref = generate_dataset("d", prompts, tmp_path / "ref", gen_params(), 10**6, TARGET, engine)
     assert ref["samples"] == 8 and ref["new_samples"] == 8
@@ -90,6 +91,7 @@ def test_budget_stops_scheduling_and_resumes_when_raised(tmp_path, prompts, engi
     assert second["new_samples"] == 4 and second["samples"] == 8
 
 
+@pytest.mark.slow
 def test_changed_sampling_regenerates(tmp_path, prompts, engine):
     out = tmp_path / "raw"
     generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)

@@ -205,6 +205,7 @@ def test_the_template_switches_give_the_expected_prompt_endings(
             prep_to(tmp_path, source, target, expect=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["default", "preserve"])
 def test_each_later_prompt_is_the_template_rendering_of_the_conversation(
     generated, tok, roles, source, run
@@ -307,6 +308,7 @@ def test_merge_keeps_a_sample_s_turns_in_one_split_and_dedupes_them_whole(tmp_pa
     assert sum(d["samples"] for s in per.values() for d in s.values()) == 40 * 3 + 1
 
 
+@pytest.mark.slow
 def test_a_kill_mid_conversation_loses_and_duplicates_nothing(generated, hf_engine, tmp_path):
     prompts, reference, _, _ = generated["default"]
     out = tmp_path / "r"

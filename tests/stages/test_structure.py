@@ -29,6 +29,7 @@ def plant(path: Path, line: str) -> None:
     path.write_text(path.read_text() + f"\n{line}\n")
 
 
+@pytest.mark.slow
 def test_the_tree_has_no_problem():
     assert structure.dvc_dep_problems(ROOT) == []
     assert structure.layer_problems(ROOT) == []
@@ -36,6 +37,7 @@ def test_the_tree_has_no_problem():
     assert structure.length_problems(ROOT) == []
 
 
+@pytest.mark.slow
 def test_an_import_dvc_yaml_does_not_list_is_caught(tree):
     assert structure.dvc_dep_problems(tree) == []
     plant(tree / "stages" / "vocab.py", "from .target import weights")
@@ -47,6 +49,7 @@ def test_an_import_dvc_yaml_does_not_list_is_caught(tree):
     ]
 
 
+@pytest.mark.slow
 def test_an_import_inside_a_function_counts(tree):
     plant(tree / "stages" / "merge.py", "def later():\n    from .drafter import model")
     assert any(
@@ -63,6 +66,7 @@ def test_an_import_inside_a_function_counts(tree):
         "QUESTIONS = ('budget_used', 'finish_reasons')",  # a stage's list of questions
     ],
 )
+@pytest.mark.slow
 def test_a_query_file_a_stage_names_must_be_listed(tree, line):
     plant(tree / "stages" / "vocab.py", line)
     assert any("stages/queries/finish_reasons.sql" in p for p in structure.dvc_dep_problems(tree))
@@ -103,6 +107,7 @@ def test_a_layering_violation_is_caught(tree, module, line, needle):
     assert len(problems) == 1 and needle in problems[0], problems
 
 
+@pytest.mark.slow
 def test_a_new_library_package_must_declare_its_layer(tree):
     (tree / "stages" / "newpkg").mkdir()
     (tree / "stages" / "newpkg" / "__init__.py").write_text('"""x"""\n')
@@ -136,6 +141,7 @@ def test_a_top_level_module_that_is_no_stage_is_caught(tree):
     )
 
 
+@pytest.mark.slow
 def test_a_function_over_the_length_limit_is_caught(tree):
     assert structure.length_problems(tree) == []
     body = "".join(f"    x{i} = {i}\n" for i in range(structure.MAX_FUNCTION_LINES - 1))
