@@ -332,8 +332,10 @@ def measure_server(
             engine = SGLangEngine(
                 [url], s.concurrency, s.timeout_s, max_retries=s.max_retries, api_key=key
             )
+        total = len(samplings) * sum(map(len, requests.values()))
+        progress = Progress(f"benchmark {role}", total)
         runs = {
-            (t, name): measure(engine, group, sampling)
+            (t, name): measure(engine, group, sampling, progress)
             for t, sampling in samplings.items()
             for name, group in requests.items()
         }

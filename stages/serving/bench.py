@@ -21,6 +21,7 @@ import httpx
 
 from ..engines import Sampling, auth_failure, bearer_headers
 from ..engines.sglang import AUTH_STATUS, Reply, SGLangEngine, SGLangError
+from ..runtime.progress import Progress
 
 ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
 INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name
@@ -142,13 +143,21 @@ class ServerRun:
 
 
 def measure(
-    engine: SGLangEngine, requests: list[tuple[str, list[int]]], sampling: Sampling
+    engine: SGLangEngine,
+    requests: list[tuple[str, list[int]]],
+    sampling: Sampling,
+    progress: Progress | None = None,
 ) -> ServerRun:
-    """Send every request, `engine.concurrency` in flight; a reply the measurement cannot count
-    (aborted, or without completion_tokens) is an error, since holes would flatter the server."""
+    """Send every request, `engine.concurrency` in flight, each reply counted in `progress`; a
+    reply the measurement cannot count (aborted, or without completion_tokens) is an error, since
+    holes would flatter the server."""
     url = ", ".join(engine.urls)
     start = time.monotonic()
-    replies = list(engine.replies(requests, sampling))
+    replies = []
+    for reply in engine.replies(requests, sampling):
+        replies.append(reply)
+        if progress:
+            progress.update(1, len(reply.completion.output_ids))
     wall_s = time.monotonic() - start
     for reply in replies:
         done = reply.completion

@@ -244,12 +244,17 @@ def test_the_in_process_benchmark_shows_progress_and_eta(
 @pytest.mark.integration
 @pytest.mark.slow
 def test_served_tau_is_the_in_process_count_with_the_prefill_token(
-    tmp_path, target, eval_file, drafter_dir, servers, in_process
+    tmp_path, target, eval_file, drafter_dir, servers, in_process, capsys
 ):
     spec, plain = servers
     report = run_stage(
         tmp_path, target, eval_file, drafter_dir, spec_url=spec.url, base_url=plain.url
     )
+    err = capsys.readouterr().err
+    total = len(report["temperatures"]) * sum(map(len, OPENINGS.values()))
+    for role in ("spec", "base"):  # each server's requests counted as they come back, with an ETA
+        done = [x for x in err.splitlines() if x.startswith(f"[benchmark {role}] {total}/{total}")]
+        assert done and "tok/s" in done[-1] and "eta" in done[-1], err
     greedy = report["temperatures"]["0.0"]
     for name, group in OPENINGS.items():
         served, local = greedy["datasets"][name], in_process["datasets"][name]
