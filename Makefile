@@ -44,8 +44,10 @@ check: setup
 sglang-releases: setup
 	$(BIN)/python tools/sglang_releases.py
 
+# Two pytest-xdist processes: the suite's processes wait on I/O and on each other often enough
+# that two share two cores well (docs/performance.md has the times).
 test: setup sglang-releases
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 
 # The quick loop: every test but the slow ones (over half a second each: training runs, whole
 # pipelines, kill -9, torchrun, servers), in two processes (pytest-xdist), timed;

@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--until", default=None, help="a stage: `dvc repro STAGE` (default: all)")
     parser.add_argument("--noop-repeat", type=int, default=3)
     parser.add_argument("--startup-repeat", type=int, default=3)
+    parser.add_argument("--startup", nargs="*", default=list(STAGE_MODULES), help="stages to time")
     args = parser.parse_args(argv)
 
     head_rev = subprocess.run(
@@ -127,14 +128,9 @@ def main(argv: list[str] | None = None) -> int:
             noop[name].append(timed(repro, tree, args.work / f"{name}.log"))
     rows.append(["dvc repro" + (f" {args.until}" if args.until else ""), *full.values()])
     rows.append(["no-op dvc repro (median)", *(statistics.median(v) for v in noop.values())])
-    for module in STAGE_MODULES:
+    for module in args.startup:
         found = [startup_seconds(tree, module, args.startup_repeat) for tree in trees.values()]
         rows.append([f"start-up stages.{module}", *found])
-    print(f"base {commits['base'][:10]}  head {commits['head'][:10]}  (seconds, this machine)")
-    print_table(
-        ["what", "base s", "head s", "head/base"],
-        [[what, _s(b), _s(h), f"{h / b:.2f}" if b and h else "-"] for what, b, h in rows],
-    )
     digests = {name: file_digests(tree) for name, tree in trees.items()}
     differ = sorted(
         p
@@ -144,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     timing, other = metrics_differences(trees["base"], trees["head"])
     print(f"output files compared: {len(digests['head'])}; differing: {differ or 'none'}")
     print(f"reports/metrics.json keys differing: {other or 'none'} (timings: {timing or 'none'})")
+    print(f"base {commits['base'][:10]}  head {commits['head'][:10]}  (seconds, this machine)")
+    print_table(
+        ["what", "base s", "head s", "head/base"],
+        [[what, _s(b), _s(h), f"{h / b:.2f}" if b and h else "-"] for what, b, h in rows],
+    )
     return 1 if differ or other else 0
 
 
