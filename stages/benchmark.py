@@ -40,11 +40,12 @@ from .serving.bench import (
     check_plain_server,
     check_speculative_server,
     compare,
+    launch_line,
     measure,
     server_facts,
     speculative_args,
 )
-from .serving.launch import is_healthy, launch_command
+from .serving.launch import is_healthy
 from .sources import SourceError, prompt_messages, read_conversations
 from .target.model import load_causal_lm
 from .target.tokenizer import render_prompt
@@ -207,13 +208,6 @@ def benchmark(
     return report
 
 
-def sglang_command(target_path: str, drafter_dir: Path, b: config.BenchmarkParams) -> str:
-    """The SGLang launch this drafter is meant for (run on GPUs; EAGLE3, not EAGLE)."""
-    return shlex.join(
-        launch_command(target_path, {}, speculative_args(drafter_dir, b.num_steps), python="python")
-    )
-
-
 def in_process_benchmark(
     prompts: dict[str, list[list[int]]],
     b: config.BenchmarkParams,
@@ -229,7 +223,7 @@ def in_process_benchmark(
     drafter, _ = load_drafter(drafter_dir)
     drafter = drafter.to(next(model.parameters()).device).eval()
     report = benchmark(model, drafter, prompts, b, stop_ids)
-    report["sglang_launch"] = sglang_command(target.path, drafter_dir, b)
+    report["sglang_launch"] = launch_line(target.path, drafter_dir, b.num_steps)
     return report
 
 

@@ -54,10 +54,11 @@ def param(
     ge: float | None = None,
     gt: float | None = None,
     le: float | None = None,
+    lt: float | None = None,
 ) -> Any:
     """One params.yaml key: its default, what it does (docs/params.md is generated from this
     text by tools/params_doc.py) and the range a number must lie in (checked with its type)."""
-    bounds = {"ge": ge, "gt": gt, "le": le}
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
     metadata = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
@@ -320,7 +321,11 @@ class ExtractSGLangParams(Ranged):
     tp_size: int = param(8, "Tensor-parallel ranks: torchrun must start exactly this many.", ge=1)
     ep_size: int = param(1, "Expert-parallel size for MoE targets (divides tp_size).", ge=1)
     mem_fraction_static: float = param(
-        0.85, "GPU memory share for weights and the KV pool.", gt=0, le=1
+        0.85,
+        "GPU memory share for weights and the KV pool (the whole GPU would leave nothing for "
+        "activations).",
+        gt=0,
+        lt=1,
     )
     max_tokens_per_forward: int = param(
         32768,
@@ -329,14 +334,10 @@ class ExtractSGLangParams(Ranged):
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()  # the param() ranges: sizes >= 1, the share in (0, 1]
+        super().__post_init__()  # the param() ranges: sizes >= 1, the share in (0, 1)
         if self.tp_size % self.ep_size:
             raise ParamsError(
                 f"extract.sglang: ep_size {self.ep_size} must divide tp_size {self.tp_size}"
-            )
-        if self.mem_fraction_static == 1.0:  # the whole GPU leaves nothing for activations
-            raise ParamsError(
-                f"extract.sglang.mem_fraction_static: {self.mem_fraction_static} is not in (0, 1)"
             )
 
 
@@ -669,23 +670,25 @@ def _check_layers(raw: dict, path: Path | str) -> None:
 
 
 def _check_range(value: Any, f: dataclasses.Field, key: str) -> None:
-    """A number outside the key's range (param's ge / gt / le) names the key and the range."""
+    """A number outside the key's range (param's ge / gt / le / lt) names the key and the
+    range."""
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
-    ge, gt, le = (f.metadata.get(k) for k in ("ge", "gt", "le"))
+    ge, gt, le, lt = (f.metadata.get(k) for k in ("ge", "gt", "le", "lt"))
     if (
         (ge is not None and value < ge)
         or (gt is not None and value <= gt)
         or (le is not None and value > le)
+        or (lt is not None and value >= lt)
     ):
         raise ParamsError(f"{key}: {value!r} is out of range; allowed: {allowed_range(f)}")
 
 
 def allowed_range(f: dataclasses.Field) -> str:
     """The range a key's number must lie in, as docs/params.md and errors write it."""
-    ge, gt, le = (f.metadata.get(k) for k in ("ge", "gt", "le"))
+    ge, gt, le, lt = (f.metadata.get(k) for k in ("ge", "gt", "le", "lt"))
     low = f">= {ge:g}" if ge is not None else f"> {gt:g}" if gt is not None else ""
-    high = f"<= {le:g}" if le is not None else ""
+    high = f"<= {le:g}" if le is not None else f"< {lt:g}" if lt is not None else ""
     return " and ".join(p for p in (low, high) if p)
 
 

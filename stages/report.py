@@ -27,12 +27,13 @@ from . import config
 from .cli import PathOpt, run
 from .queries import open_samples, rows
 from .queries.quality import quality_answers
-from .reporting.card import CardFacts, model_card, sglang_command, vllm_command
+from .reporting.card import CardFacts, model_card, vllm_command
 from .reporting.page import ReportData, SampleView, render
 from .reporting.samples import sample_views
 from .reporting.summary import run_metrics
 from .runtime.files import write_json, write_text
 from .runtime.outputs import remove_stale_temps_around
+from .serving.bench import launch_line
 from .wiring.artifacts import raw_files
 from .wiring.target import target_roles, target_tokenizer
 
@@ -169,6 +170,7 @@ def card_facts(
         tags=card.tags,
         drafter_dir=str(served.drafter_dir),
         num_steps=served.num_steps,
+        sglang_command=launch_line(served.model, served.drafter_dir, served.num_steps),
         data_mix=[
             {"dataset": n, **reports.merge.get("per_dataset", {}).get("train", {}).get(n, {})}
             for n in names
@@ -221,7 +223,7 @@ def report_data(
                 "SGLang (eagle_config.eagle_aux_hidden_state_layer_ids)": layer_ids["sglang"],
                 "vLLM (eagle_aux_hidden_state_layer_ids)": layer_ids["vllm"],
             },
-            "sglang_command": sglang_command(served.model, drafter_dir, served.num_steps),
+            "sglang_command": launch_line(served.model, drafter_dir, served.num_steps),
             "vllm_command": vllm_command(served.model, drafter_dir, served.num_steps),
             "card": card,
         },

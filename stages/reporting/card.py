@@ -25,29 +25,8 @@ class CardFacts:
     layer_ids: Mapping[str, list | None]  # hf (trained indices), sglang, vllm
     sglang_version: str | None  # the version the ids were written for (None: every one)
     tau: Mapping[str, Mapping[str, float]]  # temperature -> dataset -> tau (with "all")
+    sglang_command: str  # the SGLang launch line (stages.serving.bench.launch_line)
     training: Mapping[str, object] = field(default_factory=dict)  # steps, replayed tau, ...
-
-
-def sglang_command(target: str, drafter_dir: str, num_steps: int) -> str:
-    return shlex.join(
-        [
-            "python",
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            target,
-            "--speculative-algorithm",
-            "EAGLE3",
-            "--speculative-draft-model-path",
-            drafter_dir,
-            "--speculative-num-steps",
-            str(num_steps),
-            "--speculative-eagle-topk",
-            "1",
-            "--speculative-num-draft-tokens",
-            str(num_steps + 1),
-        ]
-    )
 
 
 def vllm_command(target: str, drafter_dir: str, num_steps: int) -> str:
@@ -207,7 +186,7 @@ def _serving_section(f: CardFacts) -> list[str]:
         "SGLang:",
         "",
         "```bash",
-        sglang_command(f.target, f.drafter_dir, f.num_steps),
+        f.sglang_command,
         "```",
         "",
         "vLLM, from this directory as exported (vLLM reads the top-level"

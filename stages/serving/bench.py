@@ -13,6 +13,7 @@ concurrency, the two servers measured one after the other so they never share th
 from __future__ import annotations
 
 import itertools
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import httpx
 from ..engines import Sampling, auth_failure, bearer_headers
 from ..engines.sglang import AUTH_STATUS, Reply, SGLangEngine, SGLangError
 from ..runtime.progress import Progress
+from .launch import launch_command
 
 ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
 INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name
@@ -49,6 +51,12 @@ def speculative_args(drafter_dir: str | Path, num_steps: int) -> list[str]:
         "--speculative-num-draft-tokens",
         str(num_steps + 1),
     ]
+
+
+def launch_line(model_path: str, drafter_dir: str | Path, num_steps: int) -> str:
+    """The SGLang launch a drafter is meant for, as one shell line (EAGLE3, not EAGLE)."""
+    args = speculative_args(drafter_dir, num_steps)
+    return shlex.join(launch_command(model_path, {}, args, python="python"))
 
 
 def server_facts(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:

@@ -335,8 +335,10 @@ def test_version_check_names_the_supported_releases_and_pip_lines(version, targe
 def test_sglang_params_are_validated():
     with pytest.raises(config.ParamsError, match="ep_size 3 must divide tp_size 8"):
         config.ExtractSGLangParams(ep_size=3)
-    with pytest.raises(config.ParamsError, match="mem_fraction_static"):
-        config.ExtractSGLangParams(mem_fraction_static=1.5)
+    for share in (0, 1.0, 1.5):  # the whole GPU leaves nothing for activations
+        with pytest.raises(config.ParamsError, match=r"mem_fraction_static.*allowed: > 0 and < 1"):
+            config.ExtractSGLangParams(mem_fraction_static=share)
+    assert config.ExtractSGLangParams(mem_fraction_static=0.99).mem_fraction_static == 0.99
     with pytest.raises(config.ParamsError, match="canary.url"):
         config.ExtractCanaryParams(reference="http")
     with pytest.raises(config.ParamsError, match="engine"):
