@@ -129,6 +129,11 @@ class ServedDrafter:
     num_steps: int  # the chain depth the benchmark measured
     layer_ids: dict[str, list | None]  # hf (trained indices), sglang, vllm
 
+    @property
+    def sglang_command(self) -> str:
+        """The SGLang launch line both print."""
+        return launch_line(self.model, self.drafter_dir, self.num_steps)
+
 
 def served_drafter(
     card: config.CardParams, target: config.TargetParams, drafter_dir: Path, reports: StageReports
@@ -170,7 +175,7 @@ def card_facts(
         tags=card.tags,
         drafter_dir=str(served.drafter_dir),
         num_steps=served.num_steps,
-        sglang_command=launch_line(served.model, served.drafter_dir, served.num_steps),
+        sglang_command=served.sglang_command,
         data_mix=[
             {"dataset": n, **reports.merge.get("per_dataset", {}).get("train", {}).get(n, {})}
             for n in names
@@ -223,7 +228,7 @@ def report_data(
                 "SGLang (eagle_config.eagle_aux_hidden_state_layer_ids)": layer_ids["sglang"],
                 "vLLM (eagle_aux_hidden_state_layer_ids)": layer_ids["vllm"],
             },
-            "sglang_command": launch_line(served.model, drafter_dir, served.num_steps),
+            "sglang_command": served.sglang_command,
             "vllm_command": vllm_command(served.model, drafter_dir, served.num_steps),
             "card": card,
         },

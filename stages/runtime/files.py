@@ -118,30 +118,21 @@ def _replacing(
 ) -> Iterator[Path]:
     """atomic_path's work; `sha256` gives the written temp file's hash, when one is recorded."""
     final = Path(final)
-    try:
+    with write_failures(final, size=size):
         final.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        failed = write_failure(err, final, None, size)
-        if failed is None:
-            raise
-        raise failed from err
     tmp = temp_path(final, os.getpid())
     remove_path(tmp)
     try:
-        yield tmp
-        _sync(tmp)
-        sums = write_checksum(tmp, final, sha256(tmp)) if sha256 else None
-        if tmp.is_dir() and final.exists():
-            remove_path(final)
-        os.replace(tmp, final)
-        if sums is not None:
-            os.replace(sums, checksum_path(final))
-        _sync_dir(final.parent)
-    except Exception as err:
-        failed = write_failure(err, final, tmp, size)
-        if failed is None:
-            raise
-        raise failed from err
+        with write_failures(final, tmp, size):
+            yield tmp
+            _sync(tmp)
+            sums = write_checksum(tmp, final, sha256(tmp)) if sha256 else None
+            if tmp.is_dir() and final.exists():
+                remove_path(final)
+            os.replace(tmp, final)
+            if sums is not None:
+                os.replace(sums, checksum_path(final))
+            _sync_dir(final.parent)
     finally:
         remove_path(tmp)
         if sha256:
@@ -151,6 +142,19 @@ def _replacing(
 def temp_path(final: Path, pid: int) -> Path:
     """Where process `pid` writes `final` before renaming it into place."""
     return final.with_name(f".{final.name}.tmp-{pid}")
+
+
+@contextlib.contextmanager
+def write_failures(final: Path, tmp: Path | None = None, size: int | None = None) -> Iterator[None]:
+    """Within it, an error that write_failure recognises is raised as its WriteFailed (naming
+    `final` and the bytes it needed); any other error as it is."""
+    try:
+        yield
+    except Exception as err:
+        failed = write_failure(err, final, tmp, size)
+        if failed is None:
+            raise
+        raise failed from err
 
 
 def write_failure(err: BaseException, final: Path, tmp: Path | None, size: int | None):

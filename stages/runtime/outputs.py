@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from .files import CHECKSUM_SUFFIX, checksum_path, file_sha256, remove_path, write_failure
+from .files import CHECKSUM_SUFFIX, checksum_path, file_sha256, remove_path, write_failures
 
 LOCK_NAME = ".stage.lock"
 
@@ -146,21 +146,11 @@ def output_lock(directory: Path | str, owner: str = "") -> Iterator[Path]:
     directory = Path(directory)
     path = directory / LOCK_NAME
     created = not directory.exists()
-    try:
+    with write_failures(path):
         directory.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        failed = write_failure(err, path, None, None)
-        if failed is None:
-            raise
-        raise failed from err
     while True:
-        try:
+        with write_failures(path):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as err:
-            failed = write_failure(err, path, None, None)
-            if failed is None:
-                raise
-            raise failed from err
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
