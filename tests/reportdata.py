@@ -153,7 +153,7 @@ def write_run(root: Path) -> dict[str, Path]:
             "num_steps": 3,
             "topk": 1,
             "mode": "chain",
-            "engine": "in-process transformers (no KV cache)",
+            "engine": "in-process transformers (KV cache)",
             "temperatures": {
                 t: {
                     "tau": v["all"],

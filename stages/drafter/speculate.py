@@ -1,7 +1,7 @@
 """Chain speculative decoding with an in-process Hugging Face target, to measure a drafter.
 
-Simple and exact rather than fast: every verify step recomputes the target over the whole
-sequence (no KV cache), which is fine for the small targets this runs on. One round:
+The target keeps a KV cache of the accepted prefix (`CachedTarget`): each verify step runs only
+the tokens the cache lacks, and the rejected drafts' entries are dropped after it. One round:
 
 1. the drafter reads the target features of the accepted prefix and drafts `num_steps` tokens
    (greedy at temperature 0, sampled from its own distribution otherwise);
@@ -16,12 +16,14 @@ part of a verify step: tau here is (generated tokens - 1) / verify steps. SGLang
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
+from transformers import DynamicCache
 
 from .model import Eagle3Drafter, embed_tokens
 
@@ -86,12 +88,36 @@ class Eagle3Proposer:
         return Proposal(tokens, torch.stack(probs) if probs else None)
 
 
-def target_forward(
-    target: nn.Module, ids: Tensor, aux_indices: Sequence[int]
-) -> tuple[Tensor, Tensor]:
-    """(logits [L, vocab], aux [1, L, len(aux_indices) * H]) of the target over `ids` [L]."""
-    out = target(input_ids=ids[None], output_hidden_states=True, use_cache=False)
-    return out.logits[0], torch.cat([out.hidden_states[i] for i in aux_indices], dim=-1)
+class CachedTarget:
+    """The target with a KV cache of the accepted prefix: `forward(ids)` runs only the ids the
+    cache lacks (logits and features of those positions), `keep(length)` drops the entries past
+    `length` (the rejected drafts)."""
+
+    def __init__(self, target: nn.Module, aux_indices: Sequence[int] = ()):
+        self.target, self.aux_indices, self.cache = target, list(aux_indices), DynamicCache()
+        # transformers renamed the forward's cache argument (past_key_values -> cache) in 5.x
+        accepted = inspect.signature(target.forward).parameters
+        self.cache_arg = "cache" if "cache" in accepted else "past_key_values"
+
+    @property
+    def cached(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    def forward(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits [n, vocab], aux [1, n, len(aux_indices) * H]) of the n ids past the cache."""
+        out = self.target(
+            input_ids=ids[None, self.cached :],
+            use_cache=True,
+            output_hidden_states=bool(self.aux_indices),
+            **{self.cache_arg: self.cache},
+        )
+        if not self.aux_indices:
+            return out.logits[0], out.logits.new_empty(1, out.logits.shape[1], 0)
+        return out.logits[0], torch.cat([out.hidden_states[i] for i in self.aux_indices], dim=-1)
+
+    def keep(self, length: int) -> None:
+        if self.cached > length:  # a negative crop removes that many entries, in every 5.x
+            self.cache.crop(length - self.cached)
 
 
 def verify_proposal(
@@ -167,7 +193,8 @@ def speculative_generate(
     stop = set(stop_ids)
     device = next(target.parameters()).device
     ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=device).flatten()
-    logits, aux = target_forward(target, ids, aux_indices)
+    cached = CachedTarget(target, aux_indices)
+    logits, aux = cached.forward(ids)
     first = choose(logits[-1], temperature, generator)[0]
     result = SpecResult([first], [], num_steps)
     if first in stop or max_new_tokens == 1:
@@ -175,11 +202,13 @@ def speculative_generate(
     ids = torch.cat([ids, ids.new_tensor([first])])
     while True:
         proposal = proposer.propose(ids, aux, num_steps, temperature, generator)
-        candidate = torch.cat([ids, ids.new_tensor(proposal.tokens)])
-        logits, candidate_aux = target_forward(target, candidate, aux_indices)
-        n, next_token = verify_proposal(logits[ids.numel() - 1 :], proposal, temperature, generator)
+        start = cached.cached  # ids[:start] are cached; logits row 0 scores the first draft
+        logits, new_aux = cached.forward(torch.cat([ids, ids.new_tensor(proposal.tokens)]))
+        n, next_token = verify_proposal(logits, proposal, temperature, generator)
         result.accepted.append(n)
-        aux = candidate_aux[:, : ids.numel() + n]  # the new last token has no features yet
+        accepted = ids.numel() + n  # the new last token has no features (nor cache entry) yet
+        aux = torch.cat([aux, new_aux[:, : accepted - start]], dim=1)
+        cached.keep(accepted)
         new = proposal.tokens[:n] + [next_token]
         ids = torch.cat([ids, ids.new_tensor(new)])
         for token in new:

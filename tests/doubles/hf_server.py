@@ -10,7 +10,7 @@ purpose. `HashEngine` stands in for the model where only the protocol is under t
 replies a second, each a pure function of the request (tests/perf/soak_sglang.py).
 
 With SGLang's `--speculative-algorithm EAGLE3 --speculative-draft-model-path D ...` flags it decodes
-each request with the drafter (stages.drafter.speculate, exact but without a KV cache: built for
+each request with the drafter (stages.drafter.speculate: one request at a time, built for
 counting, not speed) and answers with spec_verify_ct and spec_accept_length in meta_info, as SGLang
 does, so the served benchmark is tested against the in-process one.
 """

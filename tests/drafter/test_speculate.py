@@ -4,6 +4,7 @@ from transformers import LlamaForCausalLM
 
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.speculate import (
+    CachedTarget,
     Eagle3Proposer,
     Proposal,
     SpecResult,
@@ -79,6 +80,21 @@ def test_output_equals_the_targets_greedy_output(target, drafter):
         target, drafter, target.model.embed_tokens, PROMPTS[0], max_new_tokens=16, stop_ids=[stop]
     )
     assert stopped.output_ids == reference[: reference.index(stop) + 1]
+
+
+def test_the_cached_target_after_dropping_rejected_drafts_scores_as_a_full_forward(target):
+    """Prefill, a verify step over four drafts, two of them kept: the next step's logits and
+    features are those of a fresh forward over the whole accepted sequence."""
+    ids = torch.tensor(PROMPTS[1] + [41, 7, 99, 5, 63, 21])
+    cached = CachedTarget(target, AUX)
+    cached.forward(ids[:6])
+    cached.forward(ids[:11])  # the last prompt id and four drafts
+    cached.keep(8)  # two drafts accepted; the rest dropped
+    assert cached.cached == 8
+    logits, aux = cached.forward(ids)
+    full_aux, full_logits = features(target, ids[None], AUX)
+    torch.testing.assert_close(logits, full_logits[0, 8:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(aux, full_aux[:, 8:], atol=1e-5, rtol=1e-5)
 
 
 def test_oracle_drafter_is_always_accepted(target):
