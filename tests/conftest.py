@@ -121,3 +121,20 @@ def demo_target() -> Path:
         f"{DEMO_TARGET} is missing: build it with `make target`"
     )
     return DEMO_TARGET
+
+
+@pytest.fixture
+def compile_without_codegen(monkeypatch):
+    """torch.compile through dynamo and AOTAutograd (graph breaks, guards, dynamic shapes, the
+    decomposed forward and backward graphs and their numerics) to AOTAutograd's eager backend
+    instead of inductor. On a GPU inductor writes Triton kernels, which this CPU cannot run; its
+    C++ kernels for the CPU take minutes to build on a cold cache and are never used in training
+    (the CPU trains eager)."""
+    import torch
+
+    compile_ = torch.compile
+
+    def without_codegen(*args, **kwargs):
+        return compile_(*args, **{**kwargs, "backend": "aot_eager"})
+
+    monkeypatch.setattr(torch, "compile", without_codegen)

@@ -22,7 +22,9 @@ def test_inside_a_compiled_caller_the_parts_are_traced_not_compiled_apart(monkey
 
 
 @pytest.mark.slow
-def test_compiled_soft_labels_take_every_length_in_one_dynamic_graph(target, drafter):
+def test_compiled_soft_labels_take_every_length_in_one_dynamic_graph(
+    target, drafter, compile_without_codegen
+):
     """Eager, the target's labels go `chunk` positions at a time; traced that way the graph
     would hold a copy of the chunk's kernels per chunk and guard on the chunk count, compiling
     once more for every length that adds a chunk (past the recompile limit, eager). Compiled,
@@ -45,9 +47,9 @@ def test_compiled_soft_labels_take_every_length_in_one_dynamic_graph(target, dra
 
 @pytest.mark.slow
 def test_the_compiled_objective_is_one_graph_with_the_eager_loss_and_gradients(
-    target, target_config
+    target, target_config, compile_without_codegen
 ):
-    """Compiled by the CPU backend (a GPU compiles the same graph): no graph break anywhere in
+    """Traced and compiled as a GPU compiles it (short of the kernels): no graph break anywhere in
     the TTT unroll, the fused loss or the metrics; loss, metrics and every gradient as the eager
     objective gives them, on batches with padding and unsupervised prompt tokens; and batches of
     other lengths, as training meets them, share one more graph with dynamic lengths instead of

@@ -178,11 +178,14 @@ def test_fp8_without_compile_is_refused(target, target_config, tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_the_compiled_objective_traces_the_fp8_products_into_its_graph(target, target_config):
-    """Compiled by the CPU backend: the FP8 products (quantisation, products, both gradients)
-    inside the objective's graph with no break, one static graph and one dynamic for every other
-    length; loss as eager FP8 gives it. Gradients match eager FP8 only loosely: the fused
-    quantisation rounds a few borderline values to the neighbouring e4m3 step."""
+def test_the_compiled_objective_traces_the_fp8_products_into_its_graph(
+    target, target_config, compile_without_codegen
+):
+    """Traced and compiled as a GPU compiles it (short of the kernels): the FP8 products
+    (quantisation, products, both gradients) inside the objective's graph with no break, one
+    static graph and one dynamic for every other length; loss as eager FP8 gives it. Gradients
+    match eager FP8 only loosely: a compiled quantisation may round a few borderline values to
+    the neighbouring e4m3 step."""
     from .test_compiled_objective import eager_and_compiled
 
     drafter = make_drafter(target_config, draft_vocab=128).train()

@@ -102,7 +102,9 @@ def test_bench_train_fp8_curve_trains_both_and_prints_both_curves(capsys):
 
 
 @pytest.mark.slow
-def test_bench_train_compile_times_the_compiled_objective_after_its_check(capsys, monkeypatch):
+def test_bench_train_compile_times_the_compiled_objective_after_its_check(
+    capsys, monkeypatch, compile_without_codegen
+):
     """--compile times the objective as train.compile runs it; --check then runs that compiled
     graph against float32 (after the timings, and compiling nothing: the float32 reference runs
     eager), so its kernels cannot push the timed ones past the recompile limit."""
@@ -152,7 +154,7 @@ def compile_parts_as_a_gpu_does(monkeypatch) -> None:
 
 
 @pytest.mark.slow
-def test_bench_train_compile_trains_the_fp8_curve_compiled(capsys):
+def test_bench_train_compile_trains_the_fp8_curve_compiled(capsys, compile_without_codegen):
     """--compile --curve: both curves' drafters run the compiled objective (a GPU's eager FP8
     step is slow), each its own graph beside the timed one."""
     import torch._dynamo
