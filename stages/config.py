@@ -402,10 +402,12 @@ class ExtractParams(Ranged):
     store: Literal["all", "supervised", "none"] = param(
         "all",
         "all: every row's features; supervised: only what the loss reads; none: token ids only, "
-        "the train stage runs the target on each batch (online).",
+        "the train stage runs the target on each batch (online; with engine sglang, tensor "
+        "parallel over the train stage's torchrun ranks).",
     )
     sglang: ExtractSGLangParams = param(
-        help="Used when engine is sglang.", factory=ExtractSGLangParams
+        help="Used when engine is sglang (by the train stage too, with store none).",
+        factory=ExtractSGLangParams,
     )
     canary: ExtractCanaryParams = param(help="The canary's reference.", factory=ExtractCanaryParams)
 
@@ -415,12 +417,6 @@ class ExtractParams(Ranged):
             raise ParamsError(
                 f"extract.layers: {self.layers} must be distinct HF hidden-state indices in "
                 f"ascending order, e.g. [2, 16, 29] (or null for [2, N//2, N-3])"
-            )
-        if self.store == "none" and self.engine != "hf":
-            raise ParamsError(
-                f"extract.store: none runs the target inside the train stage with transformers, "
-                f"as engine hf does, not {self.engine} (a target that needs a node): use store "
-                f"all or supervised, or engine hf"
             )
 
 

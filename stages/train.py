@@ -1,16 +1,20 @@
 """train: the EAGLE-3 drafter on the extracted hidden states, then its export.
 
-Reads params `train` (and the target path from `target`). Resumes from
+Reads params `train` (and the target path from `target`; with `extract.store: none`, the
+engine's settings from `extract`). Resumes from
 models/checkpoints/last.pt; keeps models/checkpoints/best.pt by replayed acceptance length on the
 eval split; exports the best to models/drafter/ in SGLang's LlamaForCausalLMEagle3 format
 (checked key by key). Writes reports/train.json, reports/plots/train_loss.csv,
 reports/plots/train_evals.csv (replayed and simulated tau per evaluation) and
 reports/plots/train_acceptance.csv. Under torchrun it trains data-parallel (DDP).
 
-With `extract.store: none` (meta.json's `store`) the shards hold token ids only: the target is
-loaded here, on the training device beside the drafter, and gives each batch its features
-(`online_features`); tokens/s in reports/train.json then include its forward (meta.json, with
-its `store`, is in models/drafter/training_args.json).
+With `extract.store: none` (meta.json's `store`) the shards hold token ids only: the target runs
+here and gives each batch its features (`wiring.online.online_features`): with the hf engine a
+whole target on each rank's device beside the drafter; with sglang SGLang's model runner, tensor
+parallel over the same torchrun ranks that train the drafter data-parallel, each forward taking
+every rank's batch. tokens/s in reports/train.json then include its forward, and
+`target_forward_share` says how much of the step time it took (meta.json, with its `store`, is
+in models/drafter/training_args.json).
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from transformers import AutoConfig
 from . import config
 from .artifacts import hidden
 from .artifacts.hidden import HiddenStates
-from .capture.hooks import FeatureExtractor
 from .cli import PathOpt, StageError, params_key, run, summary
 from .drafter.export import check_export, export_drafter
 from .drafter.layers import parse_version
@@ -38,16 +41,14 @@ from .drafter.training import (
     History,
     LoopSettings,
     Objective,
-    TargetFeatures,
-    feature_dtype,
     train,
 )
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
 from .runtime.files import ChecksumError, verify_checksum, write_csv, write_json
 from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
-from .target.model import load_causal_lm
 from .target.weights import embedding_and_head
+from .wiring.online import online_features
 
 
 def build_drafter(
@@ -60,33 +61,6 @@ def build_drafter(
     drafter = Eagle3Drafter(cfg)
     drafter.set_vocab(vocab["d2t"], vocab["t2d"])
     return drafter
-
-
-def online_features(
-    target: config.TargetParams,
-    meta: hidden.HiddenMeta,
-    device: torch.device,
-    cpu_threads: int | None,
-) -> TargetFeatures:
-    """The target on `device`, run on each batch without grad in `target.dtype` (bf16 on a GPU)
-    through the hooks extraction uses; its features rounded to the dtype extract would have
-    stored (meta.json's `dtype`), then given to training as stored ones would be."""
-    with params_key("target"):
-        model = load_causal_lm(
-            target.path, str(device), target.dtype, target.trust_remote_code, cpu_threads
-        )
-    with params_key("extract.layers"):
-        extractor = FeatureExtractor(model, meta.aux_hf_indices)
-    stored = getattr(torch, meta.dtype)
-    dtype = feature_dtype(device) or stored
-
-    def add(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        aux, last = extractor(batch["input_ids"], batch["attention_mask"].long())
-        # copies made outside inference mode: autograd may keep them for the backward pass
-        aux, last = (x.to(stored).to(dtype, copy=True) for x in (aux, last))
-        return {**batch, "aux": aux, "last": last}
-
-    return add
 
 
 def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
@@ -161,6 +135,7 @@ def main(
     """Train the drafter (torchrun for several GPUs) and export the best checkpoint."""
     p = config.section(config.TrainParams, "train", params)
     target = config.section(config.TargetParams, "target", params)
+    extract = config.section(config.ExtractParams, "extract", params)  # online: its engine
     rank, device = parallel.start(resolve_device(p.device))
     # rank 0 holds the checkpoint folder's lock for the whole run: a second training writing the
     # same checkpoints is refused
@@ -176,6 +151,7 @@ def main(
             _train(
                 p,
                 target,
+                extract,
                 rank,
                 device,
                 hidden_dir,
@@ -196,6 +172,7 @@ def main(
 def _train(
     p: config.TrainParams,
     target: config.TargetParams,
+    extract: config.ExtractParams,
     rank: parallel.Rank,
     device: torch.device,
     hidden_dir: Path,
@@ -217,7 +194,9 @@ def _train(
     target_config, drafter = _servable_drafter(p, target, meta, vocab_file)
     embed, head = embedding_and_head(target.path)
     online = meta.store == "none"
-    features = online_features(target, meta, device, p.cpu_threads) if online else None
+    features = (
+        online_features(extract, target, meta, device, rank.rank, rank.world) if online else None
+    )
     train_set, eval_set = _verified_splits(hidden_dir, p.max_length, rank)
     s = settings(p, len(train_set))
     if rank.main:
@@ -237,7 +216,8 @@ def _train(
     )
     if rank.main:
         _export_best(drafter, checkpoint_dir, out_dir, target_config, p, meta)
-        _write_reports(history, s, p, rank.world, report, plots)
+        features_from = f"online {meta.engine or 'hf'}" if online else "stored"
+        _write_reports(history, s, p, rank.world, features_from, report, plots)
 
 
 def _servable_drafter(
@@ -303,11 +283,13 @@ def _write_reports(
     s: LoopSettings,
     p: config.TrainParams,
     world: int,
+    features_from: str,
     report: Path,
     plots: Path,
 ) -> None:
     """reports/train.json and the `dvc plots` CSVs; the best evaluation's figures are those of
-    the exported checkpoint."""
+    the exported checkpoint. `features_from`: "stored" (shards), or "online <engine>" (the target
+    ran on each batch: then the share of the step time its forward took is reported)."""
     best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
     metrics = {
         "steps": s.total_steps,
@@ -321,6 +303,10 @@ def _write_reports(
         "warmup_s": round(history.warmup_seconds, 1),
         "padding_share": round(history.padding_share, 4),
         "compile_failed_at_step": history.compile_failed_at,
+        "features": features_from,
+        "target_forward_share": (
+            None if features_from == "stored" else round(history.target_share, 4)
+        ),
     }
     write_json(metrics, report)
     write_csv(history.steps, plots / "train_loss.csv")

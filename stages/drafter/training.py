@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Protocol, TypedDict
 
 import torch
 from torch import nn
@@ -28,9 +28,19 @@ from .fp8 import fp8_problem
 from .model import Eagle3Drafter
 from .ttt import TTTMetrics, ttt_forward
 
-# Online features: a batch of input_ids / loss_mask / attention_mask on the device -> the same
-# batch with the target's aux and last, as training would have read them from shards
-TargetFeatures = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
+
+class TargetFeatures(Protocol):
+    """Online features (stages.capture.online): a batch of input_ids / loss_mask / attention_mask
+    on the device -> the same batch with the target's aux and last, as training would have read
+    them from shards. `seconds`: the time spent in the target so far. `join`: the call of a
+    rank that has no batch of its own this round (a tensor-parallel target runs every rank's
+    batches in one forward that all ranks take part in)."""
+
+    seconds: float
+
+    def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
+    def join(self) -> None: ...
 
 
 class LoopState(TypedDict):
@@ -152,17 +162,26 @@ class History:
     padding: int = 0  # positions of the run's batches (all ranks, every step so far): padding
     positions: int = 0  # all positions of those batches
     compile_failed_at: int | None = None  # this run's step whose compilation failed (then eager)
+    target_seconds: float = 0.0  # of `seconds`, spent in the target's forward (online features)
 
-    def add_step(self, tokens: int, positions: int, seconds: float, warming_up: bool) -> None:
+    def add_step(
+        self, tokens: int, positions: int, seconds: float, warming_up: bool, target_s: float = 0.0
+    ) -> None:
         self.padding, self.positions = self.padding + positions - tokens, self.positions + positions
         if warming_up:
             self.warmup_seconds += seconds
         else:
             self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
+            self.target_seconds += target_s
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def target_share(self) -> float:
+        """Of the steps' time after the warm-up, the share spent in the target (0 offline)."""
+        return self.target_seconds / self.seconds if self.seconds else 0.0
 
     @property
     def padding_share(self) -> float:
@@ -200,14 +219,20 @@ def evaluate(
     rank: Rank = Rank(),
     features: TargetFeatures | None = None,
 ) -> TTTMetrics | None:
-    """Metrics over the first eval_max_samples samples; each rank scores every world-th batch."""
+    """Metrics over the first eval_max_samples samples; each rank scores every world-th batch
+    (a rank past the last batch joins a collective target's forward instead)."""
     n = min(len(data), s.eval_max_samples)
     if not n:
         return None
     total = TTTMetrics.zeros(s.ttt_steps, device)
     objective.eval()
     with torch.no_grad():
-        for start in range(rank.rank * s.batch_size, n, s.batch_size * rank.world):
+        for first in range(0, n, s.batch_size * rank.world):
+            start = first + rank.rank * s.batch_size
+            if start >= n:
+                if features is not None:
+                    features.join()
+                continue
             batch = on_device(
                 collate(
                     [data[i] for i in range(start, min(start + s.batch_size, n))],
@@ -361,6 +386,7 @@ def train(
         log("[train] the first step compiles the objective (minutes on a GPU)")
     clock = time.monotonic()
     for state["epoch"], state["cursor"], batch in stream:
+        in_target = target_seconds(features)
         batch = on_device(batch, device, features)
         loss, metrics, grad_norm = optimizer_step(
             optim, batch, s.fp8, state["step"] + 1, history, log
@@ -371,7 +397,8 @@ def train(
         # a run too short to have steps after its warm-up counts them all
         warming_up = state["step"] - first <= WARMUP_STEPS < s.total_steps - first
         seconds = time.monotonic() - clock
-        history.add_step(step_tokens, positions, seconds, warming_up)
+        in_target = target_seconds(features) - in_target
+        history.add_step(step_tokens, positions, seconds, warming_up, in_target)
         if state["step"] == first + 1:
             log(f"[train] first step {seconds:.3f} s (warm-up, not in the rate)")
         row = step_row(state["step"], step_loss, optim.sched.get_last_lr()[0], grad_norm, metrics)
@@ -630,6 +657,11 @@ def prefetched(items: Iterator, depth: int = 2) -> Iterator:
 
 
 _END = object()
+
+
+def target_seconds(features: TargetFeatures | None) -> float:
+    """The seconds spent in the target's forward so far (0 when the features are stored)."""
+    return features.seconds if features is not None else 0.0
 
 
 def on_device(batch: dict, device: torch.device, features: TargetFeatures | None) -> dict:

@@ -74,6 +74,8 @@ def run_metrics(
     out["extract_tokens_per_s"] = extract.get("tokens_per_s") or None
     out["train_tokens_per_s"] = train.get("tokens_per_s") or None
     out["train_padding_share"] = train.get("padding_share")
+    # null when training read stored features; else the share of step time in the target
+    out["train_target_forward_share"] = train.get("target_forward_share")
     return out
 
 

@@ -22,13 +22,11 @@ import sys
 import threading
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
 from safetensors import safe_open
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from stages import config
 from stages.artifacts import hidden
@@ -51,49 +49,12 @@ from stages.wiring.capture import build_capture
 from tests import fake_sglang
 from tests.conftest import ROOT
 
+from .conftest import CONFIGS, SMALL, write_merged
+
 pytestmark = pytest.mark.timeout(300)
 RELEASES = SUPPORTED_VERSIONS
 
-VOCAB = 128
-SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8)
-CONFIGS = {
-    "llama": lambda: LlamaConfig(
-        **SMALL, num_attention_heads=4, num_key_value_heads=2, architectures=["LlamaForCausalLM"]
-    ),
-    "deepseek": lambda: DeepseekV3Config(
-        **SMALL,
-        moe_intermediate_size=16,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        q_lora_rank=16,
-        kv_lora_rank=16,
-        qk_nope_head_dim=8,
-        qk_rope_head_dim=8,
-        v_head_dim=8,
-        n_routed_experts=4,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        n_group=1,
-        topk_group=1,
-        architectures=["DeepseekV3ForCausalLM"],
-    ),
-}
-CLASSES = {"llama": LlamaForCausalLM, "deepseek": DeepseekV3ForCausalLM}
 SAMPLES = [list(range(3, 9)), [7] * 3 + list(range(40, 77)), list(range(90, 117)), [5, 6]]
-
-
-@pytest.fixture(scope="module")
-def targets(tmp_path_factory) -> dict[str, Path]:
-    """The tiny random checkpoints, saved as local HF directories."""
-    out = {}
-    for family, make in CONFIGS.items():
-        torch.manual_seed(0)
-        model = CLASSES[family](make()).eval()
-        path = tmp_path_factory.mktemp(family)
-        model.save_pretrained(path)
-        out[family] = path
-    return out
 
 
 @pytest.fixture
@@ -346,29 +307,6 @@ def test_sglang_params_are_validated():
 
 
 # --- the extract stage on the sglang engine: artifact, resume ------------------------------
-
-
-def write_merged(out: Path, n_train: int = 7, n_eval: int = 3, vocab: int = VOCAB) -> Path:
-    g = torch.Generator().manual_seed(0)
-    out.mkdir(parents=True)
-    for split, n in (("train", n_train), ("eval", n_eval)):
-        rows = []
-        for i in range(n):
-            length = 9 + 7 * ((i * 5) % 7)
-            ids = torch.randint(3, vocab, (length,), generator=g).tolist()
-            rows.append(
-                dict(
-                    sample_id=f"{split}/{i}",
-                    dataset="d",
-                    input_ids=ids,
-                    loss_spans=[[2, length]],
-                    length=length,
-                    truncated=False,
-                    split=split,
-                )
-            )
-        pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
-    return out
 
 
 def shard_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from stages.artifacts.hidden import HiddenStates, collate, label_positions, read
 from stages.drafter.training import Objective, train
 from stages.extract import extract
 from stages.target.weights import embedding_and_head
+from stages.wiring.online import online_features
 from tests.conftest import DEMO_TARGET
 from tests.perf.bench_kimi_width import run_train
 from tests.reliability import demo_params, write_vocab
@@ -196,7 +197,7 @@ def test_online_training_follows_the_offline_loss_curve(stores, tmp_path):
 @pytest.mark.slow
 def test_an_online_run_killed_mid_way_resumes_where_it_stopped(stores, tmp_path):
     hidden = stores["none"]
-    features = train_stage.online_features(TARGET, read_meta(hidden), CPU, 1)
+    features = online_features(config.ExtractParams(**EXTRACT), TARGET, read_meta(hidden), CPU)
     train_set, eval_set = HiddenStates(hidden, "train"), HiddenStates(hidden, "eval")
     quiet = {"log": lambda _: None, "features": features}
     s = dataclasses.replace(settings(6), batch_size=2, eval_max_samples=3)
@@ -226,8 +227,3 @@ def test_changing_the_store_extracts_again(stores, tmp_path, capsys):
     assert meta["store"] == "supervised" and meta["fingerprint"] != before
     index = pq.read_table(hidden / "index.parquet").to_pylist()
     assert index == pq.read_table(stores["supervised"] / "index.parquet").to_pylist()
-
-
-def test_online_storage_refuses_an_engine_other_than_hf():
-    with pytest.raises(config.ParamsError, match="extract.store: none .* engine hf"):
-        config.ExtractParams(engine="sglang", store="none")

@@ -35,7 +35,7 @@ same shape):
     `train tok/s` and `ms/step`, the median of --repeat steps after --warmup, and `train peak
     GiB`.
     With store `none` (online) the stage loads the target beside the drafter and runs it on
-    every batch, and the timed step includes that forward (`stages.train.online_features`);
+    every batch, and the timed step includes that forward (`stages.wiring.online`);
 (c) export: the train stage exports the best checkpoint for SGLang 0.5.16 (`export_drafter`) and
     checks it key by key (`check_export`); it is checked again here and `pass` is printed. When
     training did not finish, the untrained drafter is exported and checked instead.
@@ -83,6 +83,7 @@ from stages.drafter.vocab import build_draft_vocab
 from stages.extract import extract
 from stages.runtime.device import resolve_device
 from stages.target.weights import embedding_and_head
+from stages.wiring.online import online_features
 from tests.mla_target import SHAPES, build_target, deepseek_config, save_target
 from tests.perf.bench_extract import (
     median_seconds,
@@ -243,8 +244,11 @@ def time_train_step(
     p = config.section(config.TrainParams, "train", params)
     meta = read_meta(hidden)
     features = (
-        train_stage.online_features(
-            config.section(config.TargetParams, "target", params), meta, device, None
+        online_features(
+            config.section(config.ExtractParams, "extract", params),
+            config.section(config.TargetParams, "target", params),
+            meta,
+            device,
         )
         if meta.store == "none"
         else lambda batch: batch

@@ -125,7 +125,12 @@ def test_metrics_are_few_and_name_their_unit():
         expect={"a": (True, False), "b": (False, True)},
         vocab={"coverage": 0.99},
         extract={"tokens_per_s": 0.0},  # a resumed extraction that had nothing left
-        train={"best_replayed_tau": 2.5, "tokens_per_s": 900.0, "padding_share": 0.04},
+        train={
+            "best_replayed_tau": 2.5,
+            "tokens_per_s": 900.0,
+            "padding_share": 0.04,
+            "target_forward_share": 0.6,
+        },
         benchmark={"temperatures": {"0.0": {"tau": 2.6}, "0.7": {"tau": 2.1}}},
     )
     assert m == {
@@ -142,6 +147,7 @@ def test_metrics_are_few_and_name_their_unit():
         "extract_tokens_per_s": None,
         "train_tokens_per_s": 900.0,
         "train_padding_share": 0.04,
+        "train_target_forward_share": 0.6,
     }
     assert all(unit(k) for k in m) and len(m) <= 14
     assert tau_key("1.0") == "benchmark_tau_t1_tokens_per_step"

@@ -1,0 +1,41 @@
+"""The features the train stage computes on each batch when extract stored none
+(`extract.store: none`), with the engine meta.json names."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import config
+from ..artifacts.hidden import HiddenMeta
+from ..capture.hooks import FeatureExtractor
+from ..capture.online import GroupFeatures, OnlineFeatures, RankFeatures
+from ..cli import params_key
+from ..drafter.training import feature_dtype
+from ..target.model import load_causal_lm
+from .capture import build_capture
+
+
+def online_features(
+    params: config.ExtractParams,
+    target: config.TargetParams,
+    meta: HiddenMeta,
+    device: torch.device,
+    rank: int = 0,
+    world: int = 1,
+) -> OnlineFeatures:
+    """The target run on each training batch, in the dtype it would have stored (meta.json's)
+    then the training dtype: engine hf, a whole target on this rank's `device`; sglang, tensor
+    parallel over every rank, with `extract.sglang`'s settings."""
+    stored = getattr(torch, meta.dtype)
+    dtype = feature_dtype(device) or stored
+    if meta.engine == "sglang":
+        recorded = dataclasses.replace(params, layers=meta.aux_hf_indices)
+        on_device = dataclasses.replace(target, device=str(device))
+        return GroupFeatures(build_capture(recorded, on_device, rank, world), rank, world, dtype)
+    with params_key("target"):
+        # CPU threads: the train stage's own (train.cpu_threads), set before
+        model = load_causal_lm(target.path, str(device), target.dtype, target.trust_remote_code)
+    with params_key("extract.layers"):
+        return RankFeatures(FeatureExtractor(model, meta.aux_hf_indices), stored, dtype)
