@@ -13,13 +13,16 @@ params `target` and `extract` (engine, layers, dtype, sglang, canary). The secon
   and the engine cannot hold the target at the same time (one node), fetch the server's states
   first with `--save-reference FILE` (no engine is built), stop the server, then compare with
   `--load-reference FILE`.
-Prints each layer's relative error and exits 1 when one is over `extract.canary.max_rel_error`
-or matches another layer better than its own.
+Prints each layer's relative error beside the reference's own noise floor (the reference taken
+again batched otherwise, in float32 for hf, and rounded to the stored dtype: stages/capture/
+canary.py) and exits 1 when one is over its threshold (4x its floor and at least 1e-4, or
+`extract.canary.max_rel_error` when set) or matches another layer better than its own.
 """
 
 from __future__ import annotations
 
 import itertools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated
 
@@ -28,7 +31,13 @@ import typer
 
 from .. import config
 from ..artifacts import merged as merged_files
-from ..capture.canary import CanaryReport, compare, hf_reference, neighbourhood
+from ..capture.canary import (
+    CanaryReport,
+    compare,
+    floors,
+    hf_reference,
+    neighbourhood,
+)
 from ..capture.interface import Capture, config_facts
 from ..capture.served import SERVES_AUX_SINCE, served_aux, served_flags, serves_aux
 from ..cli import StageError, params_key, run
@@ -71,9 +80,10 @@ def served_reference(
     num_layers: int,
     hidden: int,
     sglang_version: str | None = None,
-) -> torch.Tensor:
-    """The server's aux states of the samples' tokens, [T, len(indices) * H], after printing the
-    flags its launch needs for these indices."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's aux states of the samples' tokens, [T, len(indices) * H], twice: one request
+    at a time, then all at once (batched by the server: the floor's second run); after printing
+    the flags its launch needs for these indices."""
     if not c.url:
         raise StageError("extract.canary.url: the http reference needs the server's URL")
     if sglang_version and not serves_aux(sglang_version):
@@ -83,13 +93,22 @@ def served_reference(
             f"{SERVES_AUX_SINCE}); use reference hf, or serve the target with SGLang "
             f"{SERVES_AUX_SINCE} for the canary"
         )
-    key = api_key(c.api_key_env, "extract.canary.api_key_env")
+    key, url = api_key(c.api_key_env, "extract.canary.api_key_env"), c.url
     with params_key("extract.canary"):
         ids = serving_layer_ids(architecture, indices, num_layers, sglang_version)["sglang"]
         print(f"[canary] the server at {c.url} must run with: {served_flags(ids)}")
-        return torch.cat(
-            [served_aux(c.url, s, len(indices) * hidden, c.timeout_s, key) for s in samples]
-        )
+
+        def fetch(sample: list[int]) -> torch.Tensor:
+            return served_aux(url, sample, len(indices) * hidden, c.timeout_s, key)
+
+        alone = torch.cat([fetch(s) for s in samples])
+        with ThreadPoolExecutor(max_workers=len(samples)) as pool:
+            together = torch.cat(list(pool.map(fetch, samples)))
+    return alone, together
+
+
+def by_index(states: torch.Tensor, indices: list[int], hidden: int) -> dict[int, torch.Tensor]:
+    return {i: states[:, j * hidden : (j + 1) * hidden] for j, i in enumerate(indices)}
 
 
 def run_canary(
@@ -98,11 +117,11 @@ def run_canary(
     ext: config.ExtractParams,
     target: config.TargetParams,
     sglang_version: str | None = None,
-    served: torch.Tensor | None = None,
+    served: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> CanaryReport | None:
-    """Capture `samples` and compare them with the reference (`served`: the server's aux states,
-    fetched before); None on a process that does not write (its forwards are part of the
-    tensor-parallel group's)."""
+    """Capture `samples` and compare them with the reference (`served`: the server's aux states
+    one request at a time and all at once, fetched before); None on a process that does not
+    write (its forwards are part of the tensor-parallel group's)."""
     aux, last = collect(capture, samples)
     if not capture.role.writes:
         return None
@@ -112,7 +131,12 @@ def run_canary(
             model = load_causal_lm(target.path, c.hf_device, target.dtype, target.trust_remote_code)
         wanted = neighbourhood(indices, capture.num_layers)
         reference, ref_last = hf_reference(model, samples, wanted)
-        return compare(aux, last, reference, ref_last, indices, c.max_rel_error)
+        rebatched, re_last = hf_reference(model, samples, wanted, batched=True)
+        exact, ex_last = hf_reference(model.float(), samples, wanted)  # the same weights
+        ref: dict = {**reference, "last": ref_last}
+        others: list[dict] = [{**rebatched, "last": re_last}, {**exact, "last": ex_last}]
+        floor = floors(ref, others, capture.dtype)
+        return compare(aux, last, reference, ref_last, indices, floor, c.max_rel_error)
     if served is None:
         served = served_reference(
             c,
@@ -123,8 +147,9 @@ def run_canary(
             hidden,
             sglang_version,
         )
-    by_index = {i: served[:, j * hidden : (j + 1) * hidden] for j, i in enumerate(indices)}
-    return compare(aux, None, by_index, None, indices, c.max_rel_error)
+    alone, together = (by_index(states, indices, hidden) for states in served)
+    floor = floors(alone, [together], capture.dtype)
+    return compare(aux, None, alone, None, indices, floor, c.max_rel_error)
 
 
 def save_served(
@@ -138,22 +163,30 @@ def save_served(
     with params_key("target"):
         arch, num_layers, hidden = config_facts(target.path)
     indices = aux_indices(ext, num_layers)
-    served = served_reference(
+    alone, together = served_reference(
         ext.canary, samples, arch, indices, num_layers, hidden, sglang_version
     )
     with atomic_path(path) as tmp:
-        torch.save({"input_ids": samples, "aux_hf_indices": indices, "aux": served}, tmp)
+        saved = {"input_ids": samples, "aux_hf_indices": indices, "aux": alone}
+        torch.save({**saved, "aux_all_at_once": together}, tmp)
     print(f"[canary] the server's aux states of {len(samples)} samples saved to {path}")
 
 
-def load_served(path: Path, samples: list[list[int]], indices: list[int]) -> torch.Tensor:
+def load_served(
+    path: Path, samples: list[list[int]], indices: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     saved = torch.load(path, weights_only=True)
     if saved["input_ids"] != samples or saved["aux_hf_indices"] != indices:
         raise StageError(
             f"{path} holds other samples or layers ({saved['aux_hf_indices']}) than this "
             f"canary's ({indices}); save it again with the same --samples and params"
         )
-    return saved["aux"]
+    if "aux_all_at_once" not in saved:
+        raise StageError(
+            f"{path} has no second fetch of the samples for the noise floor (saved by an "
+            f"earlier version); save it again with --save-reference"
+        )
+    return saved["aux"], saved["aux_all_at_once"]
 
 
 def main(

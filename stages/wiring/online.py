@@ -14,7 +14,6 @@ from ..capture.online import GroupFeatures, OnlineFeatures, RankFeatures
 from ..cli import params_key
 from ..drafter.training import feature_dtype
 from ..target.model import load_causal_lm
-from .capture import build_capture
 
 
 def online_features(
@@ -31,6 +30,8 @@ def online_features(
     stored = getattr(torch, meta.dtype)
     dtype = feature_dtype(device) or stored
     if meta.engine == "sglang":
+        from .capture import build_capture  # its hf engine's imports cost seconds: not offline
+
         recorded = dataclasses.replace(params, layers=meta.aux_hf_indices)
         on_device = dataclasses.replace(target, device=str(device))
         return GroupFeatures(build_capture(recorded, on_device, rank, world), rank, world, dtype)

@@ -1,8 +1,10 @@
 """The tiny random targets (a Llama and a DeepSeek-V3) the capture tests run, saved as local HF
-checkpoints, and merged samples over their vocabulary."""
+checkpoints; merged samples over their vocabulary; and the stand-ins of SGLang's releases made
+importable in this process (`fake`)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,6 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from tests import fake_sglang
 
 VOCAB = 128
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=8)
@@ -73,3 +77,31 @@ def write_merged(out: Path, n_train: int = 7, n_eval: int = 3, vocab: int = VOCA
             )
         pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
     return out
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    """activate(version, package): the stand-in of release `package` (default: `version`)
+    importable as a fresh process would see it, the installed distribution reporting `version`;
+    returns fake_core, whose RECORD lasts the test. Call it before each engine is built: 0.5.23
+    builds its parallel groups once per process."""
+
+    active: list[str] = []
+
+    def activate(version: str = "0.5.23", package: str | None = None):
+        key = f"{version}/{package}"
+        if active[-1:] != [key]:
+            where = fake_sglang.write_distribution(tmp_path / f"dist-{version}", version)
+            monkeypatch.syspath_prepend(str(where))
+            monkeypatch.syspath_prepend(str(fake_sglang.ROOT))
+            monkeypatch.syspath_prepend(str(fake_sglang.stand_in(package or version)))
+            fake_sglang.forget()
+            active.append(key)
+        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+            del sys.modules[name]
+        import fake_core
+
+        return fake_core
+
+    yield activate
+    fake_sglang.forget()

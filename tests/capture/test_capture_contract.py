@@ -57,34 +57,6 @@ RELEASES = SUPPORTED_VERSIONS
 SAMPLES = [list(range(3, 9)), [7] * 3 + list(range(40, 77)), list(range(90, 117)), [5, 6]]
 
 
-@pytest.fixture
-def fake(monkeypatch, tmp_path):
-    """activate(version, package): the stand-in of release `package` (default: `version`)
-    importable as a fresh process would see it, the installed distribution reporting `version`;
-    returns fake_core, whose RECORD lasts the test. Call it before each engine is built: 0.5.23
-    builds its parallel groups once per process."""
-
-    active: list[str] = []
-
-    def activate(version: str = "0.5.23", package: str | None = None):
-        key = f"{version}/{package}"
-        if active[-1:] != [key]:
-            where = fake_sglang.write_distribution(tmp_path / f"dist-{version}", version)
-            monkeypatch.syspath_prepend(str(where))
-            monkeypatch.syspath_prepend(str(fake_sglang.ROOT))
-            monkeypatch.syspath_prepend(str(fake_sglang.stand_in(package or version)))
-            fake_sglang.forget()
-            active.append(key)
-        for name in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
-            del sys.modules[name]
-        import fake_core
-
-        return fake_core
-
-    yield activate
-    fake_sglang.forget()
-
-
 def target_params(path: Path) -> config.TargetParams:
     return config.TargetParams(path=str(path), device="cpu", cpu_threads=1)
 
@@ -516,19 +488,50 @@ def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(release, targets, tmp
 # --- the canary ------------------------------------------------------------------------------
 
 
-def test_compare_catches_a_one_layer_shift_and_passes_when_equal():
+def residual_stream() -> dict[int | str, torch.Tensor]:
+    """Hidden states 1..7 of 20 tokens, each layer a small step from the last."""
     g = torch.Generator().manual_seed(0)
-    states = {i: torch.randn(20, 8, generator=g) * (1 + i) for i in range(1, 8)}
-    for i in range(2, 8):  # a residual stream: each layer a small step from the last
+    states: dict = {i: torch.randn(20, 8, generator=g) * (1 + i) for i in range(1, 8)}
+    for i in range(2, 8):
         states[i] = states[i - 1] + 0.05 * torch.randn(20, 8, generator=g)
+    return states
+
+
+def test_compare_catches_a_one_layer_shift_and_passes_when_equal():
+    states = residual_stream()
+    no_noise = dict.fromkeys([*states, "last"], 0.0)
     aux = torch.cat([states[i] for i in (2, 4, 5)], dim=-1)
-    equal = canary_math.compare(aux, states[7], states, states[7], [2, 4, 5], 0.05)
+    equal = canary_math.compare(aux, states[7], states, states[7], [2, 4, 5], no_noise, 0.05)
     assert equal.passed and all(s.rel_error == 0 for s in equal.slots)
     shifted = torch.cat([states[i] for i in (3, 5, 6)], dim=-1)
-    report = canary_math.compare(shifted, states[7], states, states[7], [2, 4, 5], 0.5)
+    report = canary_math.compare(shifted, states[7], states, states[7], [2, 4, 5], no_noise, 0.5)
     assert not report.passed  # under the threshold, yet closer to the next layer
     assert [s.best_index for s in report.slots] == [3, 5, 6]
     assert "FAIL" in "\n".join(report.lines())
+
+
+def test_each_threshold_is_the_margin_times_its_floor_and_the_floor_is_printed():
+    """A slot 3x its floor away passes, one 5x away fails; a floor of 0 still leaves the least
+    threshold, so a reference that batches without a trace does not fail every other kernel."""
+    states = residual_stream()
+    g = torch.Generator().manual_seed(1)
+    # a second run 1e-2 away (relative) at every index
+    noisy = {i: x + 1e-2 * x.norm() * torch.randn(x.shape, generator=g) / x.numel() ** 0.5
+             for i, x in states.items()}  # fmt: skip
+    floor = canary_math.floors(states, [noisy], torch.float32)
+    assert all(5e-3 < floor[i] < 2e-2 for i in (2, 4, 5)), floor
+    margin = canary_math.FLOOR_MARGIN
+    near = {i: states[i] + (noisy[i] - states[i]) * (margin - 1) for i in states}
+    far = {i: states[i] + (noisy[i] - states[i]) * (margin + 1) for i in states}
+    for got, passes in ((near, True), (far, False)):
+        aux = torch.cat([got[i] for i in (2, 4, 5)], dim=-1)
+        report = canary_math.compare(aux, None, states, None, [2, 4, 5], floor)
+        assert report.passed is passes
+        assert [s.threshold for s in report.slots] == [margin * floor[i] for i in (2, 4, 5)]
+    printed = "\n".join(report.lines())
+    assert "floor" in printed and f"{floor[2]:.1e}" in printed
+    zero = canary_math.compare(aux, None, states, None, [2, 4, 5], dict.fromkeys(states, 0.0))
+    assert all(s.threshold == canary_math.MIN_THRESHOLD for s in zero.slots)
 
 
 class ShiftedCapture(HFCapture):
@@ -557,7 +560,8 @@ def test_canary_passes_the_sglang_engine_and_fails_a_shifted_capture(
     ext = extract_params("sglang", [3, 4, 6])
     target = target_params(targets[family])
     report = canary.run_canary(build_capture(ext, target), SAMPLES, ext, target)
-    assert report is not None and report.passed and report.last_rel_error < 1e-5
+    assert report is not None and report.passed and report.last is not None
+    assert report.last.rel_error < 1e-5 and report.last.threshold == canary_math.MIN_THRESHOLD
     model = load_causal_lm(str(targets[family]), device="cpu", dtype="float32")
     shifted = ShiftedCapture(model, [3, 5, 6], torch.float32, 96)
     report = canary.run_canary(shifted, SAMPLES, extract_params("hf", [2, 4, 5]), target)
@@ -635,7 +639,7 @@ def test_canary_against_a_served_capture(served, passes, targets, tmp_path):
         report = canary.run_canary(build_capture(ext, target), SAMPLES, ext, target)
     finally:
         server.shutdown()
-    assert report is not None and report.passed is passes and report.last_rel_error is None
+    assert report is not None and report.passed is passes and report.last is None
     assert server.requests[0]["return_hidden_states"] is True
     assert server.requests[0]["input_ids"] == SAMPLES[0]
 
@@ -665,7 +669,7 @@ def test_canary_one_node_flow_saves_the_served_states_then_compares(
         canary.main(merged, samples=4, save_reference=saved, params=params)
     finally:
         server.shutdown()
-    assert len(server.requests) == 4 and saved.exists()
+    assert len(server.requests) == 8 and saved.exists()  # one at a time, then all at once
     assert "--return-aux-hidden-state-layer-ids 1 3 4" in capsys.readouterr().out
     fake()
     canary.main(merged, samples=4, load_reference=saved, params=params)

@@ -1,7 +1,8 @@
 """Online training (`extract.store: none`) beside a tensor-parallel target: the train stage under
 torchrun (2 gloo ranks on the CPU) runs the target through the sglang engine, against the
 stand-in of a supported release (tests/fake_sglang), and trains the drafter data-parallel over
-the same ranks. Its loss curve is offline training's on the same target (hf engine, stored)."""
+the same ranks. Its loss curve is offline training's on the same target (hf engine, stored), and
+a run killed mid-way resumes exactly."""
 
 from __future__ import annotations
 
@@ -16,12 +17,21 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import save_file
+from transformers import AutoConfig
 
+from stages import config
+from stages import train as train_stage
+from stages.artifacts.hidden import HiddenStates, read_meta
 from stages.capture.online import GroupFeatures
+from stages.drafter.training import Objective, train
 from stages.drafter.vocab import build_draft_vocab
+from stages.extract import extract
 from stages.runtime.parallel import NCCL_ENV
+from stages.target.weights import embedding_and_head
+from stages.wiring.online import online_features
 from tests import fake_sglang
 from tests.conftest import ROOT
+from tests.stages.test_extract_train import KilledAfter, settings
 
 from .conftest import VOCAB, write_merged
 
@@ -70,6 +80,56 @@ def test_group_features_fill_each_sample_up_to_its_length_and_leave_padding_zero
     assert features.seconds > 0
     features.join()  # no samples anywhere: no forward
     assert len(capture.batches) == 1
+
+
+def write_vocab(path: Path) -> Path:
+    d2t, t2d, _ = build_draft_vocab(torch.ones(VOCAB, dtype=torch.int64), VOCAB)
+    save_file({"d2t": d2t, "t2d": t2d}, str(path))
+    return path
+
+
+@pytest.mark.slow
+def test_an_online_run_over_the_sglang_engine_killed_mid_way_resumes_where_it_stopped(
+    targets, fake, tmp_path
+):
+    """Killed in step 4, after the step-3 checkpoint, then run again: the steps, evaluations and
+    weights of a run that was never killed (one process: the loop is the same on every rank)."""
+    fake("0.5.23")
+    target = config.TargetParams(path=str(targets["llama"]), device="cpu", dtype="float32")
+    params = config.ExtractParams(
+        engine="sglang",
+        layers=LAYERS,
+        dtype="float32",
+        shard_tokens=60,
+        store="none",
+        sglang=config.ExtractSGLangParams(tp_size=1, max_tokens_per_forward=64),
+    )
+    hidden = tmp_path / "hidden"
+    extract(write_merged(tmp_path / "merged"), hidden, params, target)
+    meta, vocab = read_meta(hidden), write_vocab(tmp_path / "vocab.safetensors")
+    features = online_features(params, target, meta, torch.device("cpu"))
+    train_set, eval_set = HiddenStates(hidden, "train"), HiddenStates(hidden, "eval")
+
+    def objective() -> Objective:
+        torch.manual_seed(0)
+        target_config = AutoConfig.from_pretrained(target.path, local_files_only=True)
+        drafter = train_stage.build_drafter(target_config, meta, vocab, {})
+        return Objective(drafter, *embedding_and_head(target.path), 3, 0.8)
+
+    s, quiet = settings(6), {"log": lambda _: None, "features": features}
+    cpu = torch.device("cpu")
+    straight = objective()
+    history = train(straight, train_set, eval_set, s, tmp_path / "a", cpu, **quiet)
+    with pytest.raises(KeyboardInterrupt):
+        killed = KilledAfter(train_set, 3, s.batch_size)
+        train(objective(), killed, eval_set, s, tmp_path / "b", cpu, **quiet)
+    assert torch.load(tmp_path / "b" / "last.pt", weights_only=True)["state"]["step"] == 3
+    resumed = objective()
+    again = train(resumed, train_set, eval_set, s, tmp_path / "b", cpu, **quiet)
+    assert again.steps == history.steps
+    assert json.dumps(again.evals) == json.dumps(history.evals)
+    for name, weight in straight.drafter.state_dict().items():
+        assert torch.equal(resumed.drafter.state_dict()[name], weight), name
 
 
 def write_params(
@@ -141,8 +201,7 @@ def test_online_training_over_a_tensor_parallel_target_follows_offline_training(
     to 1e-5 relative, and train.json says the target ran online and what share of the step it
     took."""
     write_merged(tmp_path / "merged")
-    d2t, t2d, _ = build_draft_vocab(torch.ones(VOCAB, dtype=torch.int64), VOCAB)
-    save_file({"d2t": d2t, "t2d": t2d}, str(tmp_path / "vocab.safetensors"))
+    write_vocab(tmp_path / "vocab.safetensors")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     for name in NCCL_ENV:
         env.pop(name, None)

@@ -15,6 +15,11 @@ capture engine's way of running it or a step towards it:
   the batch's composition, the floor a canary comparing two correct captures sees;
 - `packed compiled` (GPU): `packed` with each decoder layer compiled, as extract.compile does.
 
+Then the canary's own measure (stages/capture/canary.py, relative error over all the samples'
+tokens): its floor, the bf16 reference run alone and in one right-padded batch, and the stage's
+path (compiled where it compiles) against the reference alone, with their ratio: the margin a
+threshold of FLOOR_MARGIN x the floor must cover.
+
 For each pair it prints the largest relative error ||a - b|| / ||b|| over the samples, per
 captured slot (each aux index, and `last`, the post-norm final state), and, bf16 against fp32
 for the first sample, at every hidden-state index, to show how rounding grows with depth.
@@ -25,12 +30,14 @@ of random weights of `--shape`.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
+from stages.capture.canary import FLOOR_MARGIN, floors, hf_reference, relative_error
 from stages.capture.hf import HFCapture
 from stages.capture.hooks import FeatureExtractor
 from stages.drafter.layers import default_aux_indices
@@ -80,6 +87,30 @@ def errors(a: Features, b: Features, k: int) -> list[float]:
     return worst
 
 
+def canary_reference(model16, indices: list[int], samples: list[list[int]]) -> dict:
+    """The canary's hf reference (alone) and its floor per slot (a padded batch against it), run
+    before the stage's capture switches the model to packed attention."""
+    reference, ref_last = hf_reference(model16, samples, indices)
+    rebatched, re_last = hf_reference(model16, samples, indices, batched=True)
+    exact, ex_last = hf_reference(copy.deepcopy(model16).float(), samples, indices)
+    ref = {**reference, "last": ref_last}
+    others = [{**rebatched, "last": re_last}, {**exact, "last": ex_last}]
+    return {"ref": ref, "floor": floors(ref, others, torch.bfloat16)}
+
+
+def canary_view(reference: dict, indices: list[int], stage: Features) -> dict:
+    """The canary's floor per slot, the stage's error against its reference, and their ratio."""
+    keys, ref, floor = [*indices, "last"], reference["ref"], reference["floor"]
+    aux = torch.cat([a for a, _ in stage]).chunk(len(indices), dim=-1)
+    got = {**dict(zip(indices, aux)), "last": torch.cat([h for _, h in stage])}
+    error = {k: relative_error(got[k], ref[k]) for k in keys}
+    return {
+        "floor": [floor[k] for k in keys],
+        "stage": [error[k] for k in keys],
+        "ratio": [error[k] / floor[k] if floor[k] else float("inf") for k in keys],
+    }
+
+
 def depth_profile(model32, model16, ids: list[int], device) -> list[float]:
     """bf16 against fp32, every hidden-state index of one sample (sdpa, alone)."""
     x = torch.tensor([ids], device=device)
@@ -117,6 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     profile = depth_profile(model32, model16, samples[0], device)
     del model32
     runs["bf16"] = alone(model16, indices, samples, device)
+    reference = canary_reference(model16, indices, samples)
     capture = HFCapture(model16, indices, torch.bfloat16, row)  # switches to packed attention
     runs["packed alone"] = [captured(capture, [s], [0])[0] for s in samples]
     runs["packed"] = captured(capture, samples, order)
@@ -144,6 +176,16 @@ def main(argv: list[str] | None = None) -> dict:
         f"{cfg.hidden_size}), {len(samples)} samples of {lengths.tolist()} tokens on {device}"
     )
     print_table(["what differs", *slots], [[w, *(f"{e:.2e}" for e in v)] for w, v in table.items()])
+    canary = canary_view(reference, indices, runs.get("packed compiled", runs["packed"]))
+    print(f"[noise] the canary's measure, over all tokens (threshold: {FLOOR_MARGIN:g} x floor)")
+    names = {
+        "floor": "floor: the reference batched, in float32, stored in bf16",
+        "stage": "the stage's path against the reference alone",
+        "ratio": "stage / floor",
+    }
+    print_table(
+        ["canary", *slots], [[names[k], *(f"{e:.2e}" for e in v)] for k, v in canary.items()]
+    )
     print("[noise] bf16 against fp32 by hidden-state index (sample 0, alone, sdpa):")
     print("  " + "  ".join(f"{i}:{e:.1e}" for i, e in enumerate(profile)))
     result = {
@@ -153,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
         "aux_indices": indices,
         "slots": slots,
         "errors": table,
+        "canary": canary,
         "bf16_vs_fp32_by_index": profile,
     }
     if args.json_out:

@@ -366,6 +366,7 @@ def bench_length(
             "tokens_per_s": report["tokens_per_s"],
             "steps": report["steps"],
             "final_loss": report["final_loss"],
+            "target_forward_share": report["target_forward_share"],
             "peak_gib": round(peak_memory_gib(device), 2),
             "wall_s": round(time.monotonic() - start, 1),
         }

@@ -391,7 +391,12 @@ def test_bench_capture_noise_takes_the_difference_apart(capsys):
     assert all(0 < e < 0.1 for e in errors["bf16 rounding (alone, sdpa)"])
     profile = result["bf16_vs_fp32_by_index"]
     assert profile[-1] > profile[1] > 0
-    assert "the floor" in capsys.readouterr().out
+    canary = result["canary"]
+    assert len(canary["floor"]) == 4 and all(f >= 0 for f in canary["floor"])
+    ratios = zip(canary["ratio"], canary["stage"], canary["floor"])
+    assert all(r == e / f for r, e, f in ratios if f)
+    out = capsys.readouterr().out
+    assert "the floor" in out and "stage / floor" in out
 
 
 @pytest.mark.slow
