@@ -6,11 +6,14 @@ a run killed mid-way resumes exactly."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,7 @@ from stages.target.weights import embedding_and_head
 from stages.wiring.online import online_features
 from tests import fake_sglang
 from tests.conftest import ROOT
+from tests.runtime.test_rank_killed import workers
 from tests.stages.test_extract_train import KilledAfter, settings
 
 from .conftest import VOCAB, write_merged
@@ -38,7 +42,7 @@ from .conftest import VOCAB, write_merged
 LAYERS = [3, 4, 6]
 TRAIN = {
     "ttt_steps": 2,
-    "max_steps": 4,
+    "max_steps": 8,
     "batch_size": 4,
     "lr": 1e-2,
     "warmup_ratio": 0.25,
@@ -157,8 +161,10 @@ def run(cmd: list, cwd: Path, env: dict) -> str:
     return proc.stdout + proc.stderr
 
 
-def extract_then_train(tmp: Path, name: str, params: Path, env: dict) -> dict:
-    """extract (one process), then train under torchrun with 2 ranks; reports/train.json."""
+def extract_then_train(tmp: Path, name: str, params: Path, env: dict, kill: bool = False) -> dict:
+    """extract (one process), then train under torchrun with 2 ranks; reports/train.json. With
+    `kill`, the training is first killed (SIGKILL, every process) once its first checkpoint is
+    in place, then run again to the end, which must say it resumed."""
     hidden, reports = tmp / f"hidden-{name}", tmp / f"reports-{name}"
     run(
         [sys.executable, "-m", "stages.extract", "--params", params, "--merged", tmp / "merged"]
@@ -167,15 +173,42 @@ def extract_then_train(tmp: Path, name: str, params: Path, env: dict) -> dict:
         env,
     )
     torchrun = [str(Path(sys.executable).parent / "torchrun"), "--standalone"]
-    run(
+    checkpoints = tmp / f"checkpoints-{name}"
+    train = (
         [*torchrun, "--nproc-per-node", "2", "-m", "stages.train", "--params", params]
         + ["--hidden-dir", hidden, "--vocab-file", tmp / "vocab.safetensors"]
-        + ["--checkpoint-dir", tmp / f"checkpoints-{name}", "--out-dir", tmp / f"drafter-{name}"]
-        + ["--report", reports / "train.json", "--plots", reports / "plots"],
-        tmp,
-        env,
+        + ["--checkpoint-dir", checkpoints, "--out-dir", tmp / f"drafter-{name}"]
+        + ["--report", reports / "train.json", "--plots", reports / "plots"]
     )
+    if kill:
+        killed_at = killed_after_first_checkpoint(train, checkpoints / "last.pt", tmp, env)
+        assert not (reports / "train.json").exists(), "the run ended before it was killed"
+        rerun = run(train, tmp, env)
+        assert f"[train] resumed at step {killed_at}" in rerun, rerun
+    else:
+        run(train, tmp, env)
     return json.loads((reports / "train.json").read_text())
+
+
+def killed_after_first_checkpoint(cmd: list, last: Path, cwd: Path, env: dict) -> int:
+    """Start torchrun's `cmd`, SIGKILL its workers and then it once `last` is in place; the step
+    that checkpoint holds."""
+    proc = subprocess.Popen(
+        list(map(str, cmd)),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in [*workers(proc.pid), proc.pid]:  # the workers run in sessions of their own
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait()
+    assert last.exists(), "no checkpoint was written before the run ended"
+    return int(torch.load(last, weights_only=True)["state"]["step"])
 
 
 def losses(tmp: Path, name: str) -> list[float]:
@@ -196,10 +229,11 @@ def losses(tmp: Path, name: str) -> list[float]:
 def test_online_training_over_a_tensor_parallel_target_follows_offline_training(
     family, release, sglang, targets, tmp_path
 ):
-    """Each step gathers both ranks' batches into one forward of the 2-rank target; the loss
-    curve is offline training's over 2 ranks (features extracted by the hf engine and stored)
-    to 1e-5 relative, and train.json says the target ran online and what share of the step it
-    took."""
+    """Each step gathers both ranks' batches into one forward of the 2-rank target. Killed
+    (kill -9, both ranks) after its first checkpoint and run again, it resumes there and ends
+    with offline training's loss curve over 2 ranks (features extracted by the hf engine and
+    stored), to 1e-5 relative; train.json says the target ran online and what share of the step
+    it took."""
     write_merged(tmp_path / "merged")
     write_vocab(tmp_path / "vocab.safetensors")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
@@ -213,7 +247,7 @@ def test_online_training_over_a_tensor_parallel_target_follows_offline_training(
     record = tmp_path / "fake-{rank}.jsonl"
     env.update(PYTHONPATH=fake_sglang.pythonpath(release, where), FAKE_SGLANG_RECORD=str(record))
     online = write_params(tmp_path / "online.yaml", target, "sglang", "none", sglang, release)
-    report = extract_then_train(tmp_path, "online", online, env)
+    report = extract_then_train(tmp_path, "online", online, env, kill=True)
 
     assert stored["features"] == "stored" and stored["target_forward_share"] is None
     assert report["features"] == "online sglang" and report["world_size"] == 2
