@@ -183,6 +183,8 @@ def extract_then_train(tmp: Path, name: str, params: Path, env: dict, kill: bool
     if kill:
         killed_at = killed_after_first_checkpoint(train, checkpoints / "last.pt", tmp, env)
         assert not (reports / "train.json").exists(), "the run ended before it was killed"
+        for record in tmp.glob("fake-*.jsonl"):  # the rerun's forwards alone, rank by rank
+            record.unlink()
         rerun = run(train, tmp, env)
         assert f"[train] resumed at step {killed_at}" in rerun, rerun
     else:

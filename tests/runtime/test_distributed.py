@@ -259,6 +259,8 @@ def test_train_under_torchrun_matches_one_process(runs):
     # each rank pads its share of a batch to that share's longest sample: never more padding
     assert 0 <= many.pop("padding_share") <= one.pop("padding_share")
     assert one.pop("compile_failed_at_step") is many.pop("compile_failed_at_step") is None
+    assert one.pop("features") == many.pop("features") == "stored"
+    assert one.pop("target_forward_share") is many.pop("target_forward_share") is None
     assert many == pytest.approx(one, rel=1e-4)
     output, record = runs[f"train-{WORLD}"]
     assert output.count("[train] eval step 2") == 1  # one rank reports

@@ -150,7 +150,8 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Health).serve_forever()
 def test_ctrl_c_or_sigterm_of_the_run_stops_the_server(sig):
     port = free_port()
     run = f"""
-import time
+import signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, not a background job
 from stages.serving.launch import start_server
 server = start_server({[sys.executable, "-c", HEALTHY_SERVER, str(port)]!r},
                       "http://127.0.0.1:{port}", 30, poll_s=0.05)
