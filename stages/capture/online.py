@@ -64,8 +64,11 @@ class RankFeatures(OnlineFeatures):
 class GroupFeatures(OnlineFeatures):
     """A tensor-parallel capture over every rank, each rank keeping its own samples' features."""
 
-    def __init__(self, capture: Capture, rank: int, world: int, dtype: torch.dtype):
-        self.capture, self.rank, self.world, self.dtype = capture, rank, world, dtype
+    def __init__(
+        self, capture: Capture, rank: int, world: int, stored: torch.dtype, dtype: torch.dtype
+    ):
+        self.capture, self.rank, self.world = capture, rank, world
+        self.stored, self.dtype = stored, dtype
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         started = time.perf_counter()
@@ -75,9 +78,9 @@ class GroupFeatures(OnlineFeatures):
         hidden = self.capture.hidden_size
         aux = torch.zeros(*ids.shape, self.width, dtype=self.dtype, device=ids.device)
         last = torch.zeros(*ids.shape, hidden, dtype=self.dtype, device=ids.device)
-        for b, a, h in self._run(mine):
-            aux[b, : lengths[b]] = a.to(aux.device, self.dtype)
-            last[b, : lengths[b]] = h.to(last.device, self.dtype)
+        for b, a, h in self._run(mine):  # copied into fresh tensors, in the training dtype
+            aux[b, : lengths[b]] = a.to(aux.device, self.stored)
+            last[b, : lengths[b]] = h.to(last.device, self.stored)
         self._count(started, ids.device)
         return {**batch, "aux": aux, "last": last}
 

@@ -34,7 +34,8 @@ def online_features(
 
         recorded = dataclasses.replace(params, layers=meta.aux_hf_indices)
         on_device = dataclasses.replace(target, device=str(device))
-        return GroupFeatures(build_capture(recorded, on_device, rank, world), rank, world, dtype)
+        capture = build_capture(recorded, on_device, rank, world)
+        return GroupFeatures(capture, rank, world, stored, dtype)
     with params_key("target"):
         # CPU threads: the train stage's own (train.cpu_threads), set before
         model = load_causal_lm(target.path, str(device), target.dtype, target.trust_remote_code)

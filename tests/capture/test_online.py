@@ -73,7 +73,7 @@ class ListCapture:
 
 def test_group_features_fill_each_sample_up_to_its_length_and_leave_padding_zero():
     capture = ListCapture()
-    features = GroupFeatures(capture, rank=0, world=1, dtype=torch.float64)
+    features = GroupFeatures(capture, 0, 1, stored=torch.float32, dtype=torch.float64)
     ids = torch.tensor([[5, 6, 7], [8, 9, 0]])
     batch = {"input_ids": ids, "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]]).bool()}
     out = features(batch)
@@ -84,6 +84,10 @@ def test_group_features_fill_each_sample_up_to_its_length_and_leave_padding_zero
     assert features.seconds > 0
     features.join()  # no samples anywhere: no forward
     assert len(capture.batches) == 1
+    # rounded to the stored dtype first, as the shards would hold them: 257 is 256 in bf16
+    rounded = GroupFeatures(capture, 0, 1, stored=torch.bfloat16, dtype=torch.float32)
+    one = {"input_ids": torch.tensor([[257]]), "attention_mask": torch.tensor([[True]])}
+    assert rounded(one)["aux"][0, 0, 0] == 256
 
 
 def write_vocab(path: Path) -> Path:
