@@ -36,7 +36,7 @@ Key = TypeVar("Key")  # an HF index, or "last"
 # and why this margin covers it: docs/performance.md, "The capture's noise floor".
 FLOOR_MARGIN = 4.0
 # ... and never below this, where everything runs and is stored in float32 and the floor is 0:
-# float32 kernels of two engines still differ in their last bits (about 1e-6 at the depths here)
+# float32 kernels of two engines still differ in their last bits
 MIN_THRESHOLD = 1e-4
 
 
