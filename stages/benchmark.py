@@ -226,7 +226,8 @@ def in_process_benchmark(
             target.path, target.device, target.dtype, target.trust_remote_code, target.cpu_threads
         )
     drafter, _ = load_drafter(drafter_dir)
-    drafter = drafter.to(next(model.parameters()).device).eval()
+    weight = next(model.parameters())  # the drafter runs as the target does, as when served
+    drafter = drafter.to(weight.device, weight.dtype).eval()
     report = benchmark(model, drafter, prompts, b, stop_ids)
     report["sglang_launch"] = launch_line(target.path, drafter_dir, b.num_steps)
     return report

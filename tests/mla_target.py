@@ -1,9 +1,14 @@
 """A random DeepSeek-V3 target built in code, shaped like Kimi-K2.5's language model: multi-head
 latent attention (q_lora_rank, kv_lora_rank, qk_nope / qk_rope / v head dims), MoE with routed
-experts and a shared expert after `first_k_dense_replace` dense layers, and Kimi's yarn RoPE.
+experts and a shared expert after `first_k_dense_replace` dense layers, and Kimi's yarn RoPE. Its
+config carries the MoE keys of a real DeepSeek-V3 / Kimi-K2 config.json (KIMI_MOE), which
+SGLang's DeepSeek model code reads and transformers' DeepseekV3Config lacks or defaults otherwise.
 
-`tiny` runs on the CPU in tests (tests/target/test_deepseek_target.py); `kimi-k2.5` has Kimi-K2.5's
-widths with fewer layers and experts (tests/perf/bench_kimi_width.py, on a GPU).
+`tiny` runs on the CPU in tests (tests/target/test_deepseek_target.py); its head widths
+(kv_lora_rank 16, qk_rope_head_dim 8) crash real SGLang's MLA kernels on a GPU. `kimi-heads` has
+Kimi-K2.5's head dims at a size one GPU loads in seconds (`kimi_heads_target`, for real SGLang on
+a GPU); `kimi-k2.5` has Kimi-K2.5's widths with fewer layers and experts
+(tests/perf/bench_kimi_width.py, on a GPU).
 """
 
 from __future__ import annotations
@@ -33,6 +38,38 @@ KIMI_YARN = {
 }
 KIMI_ROPE = dict(rope_theta=50000.0, max_position_embeddings=262144, rope_scaling=KIMI_YARN)
 
+# Kimi-K2.5's MoE keys, as every real DeepSeek-V3 / Kimi-K2 config.json has them (DeepSeek-V3:
+# first_k_dense_replace 3, n_group 8, topk_group 4, routed_scaling_factor 2.5, one MTP layer).
+# SGLang's models/deepseek_v2.py reads them as `config.<key>` (fake_core.DEEPSEEK_MOE_KEYS);
+# transformers' DeepseekV3Config has no moe_layer_freq, topk_method, scoring_func or ep_size of
+# its own, keeps them as given and writes them to config.json.
+KIMI_MOE = dict(
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    moe_layer_freq=1,
+    topk_method="noaux_tc",
+    scoring_func="sigmoid",
+    norm_topk_prob=True,
+    n_group=1,
+    topk_group=1,
+    routed_scaling_factor=2.827,
+    ep_size=1,
+    num_nextn_predict_layers=0,
+)
+
+# Kimi-K2.5's attention: 64 heads, its q / kv LoRA ranks and head dims (what real SGLang's MLA
+# kernels take).
+KIMI_HEADS = dict(
+    num_attention_heads=64,
+    num_key_value_heads=64,
+    q_lora_rank=1536,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+)
+KIMI = dict(rms_norm_eps=1e-5, **KIMI_MOE, **KIMI_ROPE)
+
 SHAPES: dict[str, dict] = {
     # Kimi-K2.5's widths; its 61 layers and 384 experts are cut to what one GPU holds.
     "kimi-k2.5": dict(
@@ -40,23 +77,11 @@ SHAPES: dict[str, dict] = {
         vocab_size=163840,
         intermediate_size=18432,
         moe_intermediate_size=2048,
-        num_attention_heads=64,
-        num_key_value_heads=64,
-        q_lora_rank=1536,
-        kv_lora_rank=512,
-        qk_nope_head_dim=128,
-        qk_rope_head_dim=64,
-        v_head_dim=128,
         num_hidden_layers=6,
         n_routed_experts=16,
         num_experts_per_tok=8,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        n_group=1,
-        topk_group=1,
-        routed_scaling_factor=2.827,
-        rms_norm_eps=1e-5,
-        **KIMI_ROPE,
+        **KIMI_HEADS,
+        **KIMI,
     ),
     # The same structure at CPU-test size. 8 layers: the default aux indices [2, N//2, N-3] =
     # [2, 4, 5] start at 2, as Kimi's [2, 30, 58] do (3 ascending indices starting at 2 need
@@ -76,13 +101,21 @@ SHAPES: dict[str, dict] = {
         num_hidden_layers=8,
         n_routed_experts=4,
         num_experts_per_tok=2,
-        n_shared_experts=1,
-        first_k_dense_replace=1,
-        n_group=1,
-        topk_group=1,
-        routed_scaling_factor=2.827,
-        rms_norm_eps=1e-5,
-        **KIMI_ROPE,
+        **KIMI,
+    ),
+    # Kimi-K2.5's attention and MoE keys at hidden 1024 with 8 routed experts: about 0.4B
+    # parameters, 0.8 GB in bf16. 8 layers, as tiny's, so the default aux indices are [2, 4, 5];
+    # vocab_size is the demo tokenizer's in kimi_heads_target.
+    "kimi-heads": dict(
+        hidden_size=1024,
+        vocab_size=2048,
+        intermediate_size=4096,
+        moe_intermediate_size=512,
+        num_hidden_layers=8,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        **KIMI_HEADS,
+        **KIMI,
     ),
 }
 
@@ -121,20 +154,31 @@ def save_target(
     return Path(out)
 
 
-def tiny_target(out: Path, **overrides) -> Path:
-    """The tiny DeepSeek-V3 target with the demo tokenizer, its vocab_size the tokenizer's."""
+def demo_tokens() -> dict:
+    """The demo tokenizer's vocabulary size and special token ids, as config values."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(DEMO_TARGET)
-    cfg = deepseek_config(
-        "tiny",
+    return dict(
         vocab_size=len(tokenizer),
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **overrides,
     )
+
+
+def tiny_target(out: Path, **overrides) -> Path:
+    """The tiny DeepSeek-V3 target with the demo tokenizer, its vocab_size the tokenizer's."""
+    cfg = deepseek_config("tiny", **{**demo_tokens(), **overrides})
     return save_target(build_target(cfg), out, max_shard_size="300KB")
+
+
+def kimi_heads_target(out: Path, **overrides) -> Path:
+    """The kimi-heads DeepSeek-V3 target in bf16 (config.json's dtype "bfloat16", as a real
+    checkpoint's) with the demo tokenizer, its vocab_size the tokenizer's: for real SGLang on a
+    GPU."""
+    cfg = deepseek_config("kimi-heads", **{**demo_tokens(), **overrides})
+    return save_target(build_target(cfg, dtype=torch.bfloat16), out, max_shard_size="500MB")
 
 
 def k25_layout(src: Path, out: Path) -> Path:

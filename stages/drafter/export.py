@@ -40,6 +40,7 @@ from .model import (
     rope_serving_problem,
     target_facts,
 )
+from .serving_dtype import declared_dtype, export_dtype, sglang_dtype_problem
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -81,10 +82,11 @@ def expected_tensors(cfg: Eagle3Config) -> dict[str, tuple[tuple[int, ...], torc
 
 
 def serving_config(
-    cfg: Eagle3Config, target_config: Any, dtype: torch.dtype, *, sglang_version: str | None = None
+    cfg: Eagle3Config, target_config: Any, *, sglang_version: str | None = None
 ) -> dict:
-    """config.json: the SGLang / vLLM fields, plus what the checkpoint was trained on. The SGLang
-    layer ids serve every known SGLang version, or `sglang_version` only when one is named."""
+    """config.json: the SGLang / vLLM fields, plus what the checkpoint was trained on. The dtype
+    is the target's (serving_dtype.py says why); the SGLang layer ids serve every known SGLang
+    version, or `sglang_version` only when one is named."""
     target = target_facts(target_config)
     ids = serving_layer_ids(
         target.architecture,
@@ -92,7 +94,7 @@ def serving_config(
         target.num_hidden_layers,
         sglang_version=sglang_version,
     )
-    dtype_name = str(dtype).removeprefix("torch.")
+    dtype_name = declared_dtype(target_config)
     return {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -169,19 +171,22 @@ def export_drafter(
     *,
     sglang_version: str | None = None,
 ) -> Path:
-    """Write config.json, model.safetensors and training_args.json (`extra`); check the result
-    before renaming it into place. `sglang_version` (e.g. "0.5.12"): the SGLang that will serve
-    the drafter, for aux indices no single id list serves on every version; None: every version."""
+    """Write config.json, model.safetensors (in the target's dtype) and training_args.json
+    (`extra`); check the result before renaming it into place. `sglang_version` (e.g. "0.5.12"):
+    the SGLang that will serve the drafter, for aux indices no single id list serves on every
+    version; None: every version."""
     if drafter.cfg != cfg:
         raise ValueError("export_drafter: cfg differs from the drafter's own config")
     try:
         training_args = json.dumps(extra, indent=2) + "\n"
     except TypeError as e:
         raise ValueError(f"export_drafter: `extra` must be JSON-serialisable ({e})") from e
-    state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
-    config = serving_config(
-        cfg, target_config, drafter.fc.weight.dtype, sglang_version=sglang_version
-    )
+    dtype = export_dtype(target_config)
+    state = {
+        k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous()
+        for k, v in drafter.state_dict().items()
+    }
+    config = serving_config(cfg, target_config, sglang_version=sglang_version)
     out_dir = Path(out_dir)
     size = sum(t.numel() * t.element_size() for t in state.values())
     with atomic_path(out_dir, size) as tmp:
@@ -209,7 +214,8 @@ def check_export(
         raise ExportError(f"{out_dir}: missing {', '.join(missing_files)}")
     config = json.loads((out_dir / CONFIG_FILE).read_text())
     target = target_facts(target_config)
-    problems = _config_problems(
+    problems = _field_problems(config, target_config, target, sglang_version)
+    problems += _layer_id_problems(
         config, target, [int(i) for i in trained_hf_indices], sglang_version
     )
     try:
@@ -217,7 +223,7 @@ def check_export(
     except (KeyError, TypeError, ValueError) as e:
         problems.append(f"config.json cannot be read as a draft config: {e!r}")
     else:
-        problems += _weight_problems(out_dir / WEIGHTS_FILE, cfg)
+        problems += _weight_problems(out_dir / WEIGHTS_FILE, cfg, declared_dtype(config))
     if problems:
         raise ExportError(
             f"{out_dir} would load wrongly in the serving engines:\n  - " + "\n  - ".join(problems)
@@ -242,17 +248,11 @@ def check_exported(out_dir: Path | str, target_config: Any) -> None:
     check_export(out_dir, target_config, trained, sglang_version=project.get("sglang_version"))
 
 
-def _config_problems(
-    config: dict, target: TargetFacts, trained: list[int], sglang_version: str | None
+def _field_problems(
+    config: dict, target_config: Any, target: TargetFacts, sglang_version: str | None
 ) -> list[str]:
-    """What an engine would read wrongly from config.json: its fields, then its layer ids."""
-    return _field_problems(config, target, sglang_version) + _layer_id_problems(
-        config, target, trained, sglang_version
-    )
-
-
-def _field_problems(config: dict, target: TargetFacts, sglang_version: str | None) -> list[str]:
     """The config.json fields the engines read or silently replace, against the target's."""
+    dtype = sglang_dtype_problem(config, target_config)
     expect = {
         "architectures": [ARCHITECTURE],
         "model_type": "llama",
@@ -293,7 +293,7 @@ def _field_problems(config: dict, target: TargetFacts, sglang_version: str | Non
         problems.append(f"config.json: {rope}")
     if (config.get("eagle_config") or {}).get("use_aux_hidden_state") is not True:
         problems.append("config.json: eagle_config.use_aux_hidden_state must be true")
-    return problems
+    return problems + [f"config.json: {p}" for p in [dtype] if p]
 
 
 def _layer_id_problems(
@@ -355,7 +355,9 @@ def _sglang_id_problems(
     return []
 
 
-def _weight_problems(path: Path, cfg: Eagle3Config) -> list[str]:
+def _weight_problems(path: Path, cfg: Eagle3Config, declared: str) -> list[str]:
+    """Keys, shapes and dtypes of the weights: the float ones in the dtype config.json declares
+    (an engine casts them to it, so weights in another dtype are not what was checked)."""
     expected = expected_tensors(cfg)
     with safe_open(str(path), framework="pt") as f:
         tensors = {key: f.get_tensor(key) for key in f.keys()}
@@ -379,8 +381,8 @@ def _weight_problems(path: Path, cfg: Eagle3Config) -> list[str]:
         t = tensors[key]
         if tuple(t.shape) != shape:
             problems.append(f"{path.name}: {key} has shape {tuple(t.shape)}, expected {shape}")
-        if dtype is None and not t.dtype.is_floating_point:
-            problems.append(f"{path.name}: {key} is {t.dtype}, expected a floating type")
+        if dtype is None and str(t.dtype).removeprefix("torch.") != declared:
+            problems.append(f"{path.name}: {key} is {t.dtype}, config.json declares {declared}")
         if dtype is not None and t.dtype != dtype:
             problems.append(f"{path.name}: {key} is {t.dtype}, expected {dtype}")
     if not problems:

@@ -37,6 +37,9 @@ CONFIGS = {
         first_k_dense_replace=1,
         n_group=1,
         topk_group=1,
+        moe_layer_freq=1,  # what SGLang's DeepSeek model reads, transformers has no default for
+        topk_method="noaux_tc",
+        scoring_func="sigmoid",
         architectures=["DeepseekV3ForCausalLM"],
     ),
 }

@@ -47,12 +47,43 @@ def test_round_trip_gives_equal_weights_and_outputs(exported, drafter):
         )
 
 
-def test_bf16_export_round_trips(tmp_path, drafter, target_config):
-    half = drafter.to(torch.bfloat16)
-    out = export_drafter(half, half.cfg, tmp_path / "bf16", target_config, {})
+@pytest.mark.parametrize("declared", ["bfloat16", "float16", "float32"])
+def test_the_drafter_is_written_in_its_targets_dtype(tmp_path, drafter, declared):
+    """A float32-trained drafter exported for a target that declares `declared`: weights and
+    config in that dtype, so SGLang's --dtype auto runs both alike."""
+    target = tiny_target_config(dtype=declared)
+    out = export_drafter(drafter, drafter.cfg, tmp_path / declared, target, {})
     loaded, _ = load_drafter(out)
-    assert loaded.fc.weight.dtype == torch.bfloat16 and loaded.d2t.dtype == torch.int64
-    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert loaded.fc.weight.dtype == getattr(torch, declared) and loaded.d2t.dtype == torch.int64
+    config = json.loads((out / "config.json").read_text())
+    assert config["torch_dtype"] == config["dtype"] == declared
+    torch.testing.assert_close(loaded.fc.weight.float(), drafter.fc.weight, rtol=1e-2, atol=1e-2)
+
+
+def test_a_float32_drafter_beside_a_bf16_target_is_refused(tmp_path, drafter):
+    """What crashed SGLang 0.5.14 at its first request: config.json saying float32 for a bf16
+    target (SGLang's auto rule runs it in float16)."""
+    target = tiny_target_config(dtype="bfloat16")
+    out = export_drafter(drafter, drafter.cfg, tmp_path / "d", target, {})
+    check_export(out, target, [2, 4, 5])
+    edit_config(out, torch_dtype="float32", dtype="float32")
+    edit_weights(
+        out, lambda s: s.update({k: v.float() for k, v in s.items() if v.is_floating_point()})
+    )
+    with pytest.raises(
+        ExportError, match="run the drafter in float16, beside the target in bfloat16"
+    ):
+        check_export(out, target, [2, 4, 5])
+
+
+def test_weights_in_another_dtype_than_the_config_are_refused(tmp_path, drafter):
+    target = tiny_target_config(dtype="bfloat16")
+    out = export_drafter(drafter, drafter.cfg, tmp_path / "d", target, {})
+    edit_weights(out, lambda s: s.update({"norm.weight": s["norm.weight"].float()}))
+    with pytest.raises(
+        ExportError, match="norm.weight is torch.float32, config.json declares bfloat16"
+    ):
+        check_export(out, target, [2, 4, 5])
 
 
 def edit_config(out, **changes):
@@ -134,7 +165,7 @@ BAD_WEIGHTS = [
         lambda s: s.update(
             {"midlayer.mlp.up_proj.weight": s["midlayer.mlp.up_proj.weight"].long()}
         ),
-        "up_proj.weight is torch.int64, expected a floating type",
+        "up_proj.weight is torch.int64, config.json declares float32",
     ),
 ]
 

@@ -295,7 +295,7 @@ def test_yarn_rope_round_trips_through_config_json(tmp_path):
         max_position_embeddings=KIMI_MAX_POSITIONS,
     )
     cfg = Eagle3Config.from_target(target, 120, [2, 4, 5])
-    written = json.loads(json.dumps(serving_config(cfg, target, torch.bfloat16)))
+    written = json.loads(json.dumps(serving_config(cfg, target)))
     assert written["rope_scaling"] == KIMI_YARN and written["rope_theta"] == KIMI_THETA
     assert written["rope_parameters"] == {**KIMI_YARN, "rope_theta": KIMI_THETA}
     assert config_from_json(written) == cfg

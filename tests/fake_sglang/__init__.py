@@ -1,7 +1,8 @@
 """Stand-ins for SGLang's supported releases, for tests on machines without SGLang (or a GPU).
 
-`v0_5_14/sglang` and `v0_5_23/sglang` hold, per release, exactly the modules and names of the
-release that stages/engines/sglang_capture.py uses, with the release's own signatures (held to
+`v0_5_14/sglang` and `v0_5_23/sglang` hold, for one release of the first and of the last group
+of model-runner APIs (stages/capture/runners.py), exactly the modules and names of the release
+that its adapter uses, with the release's own signatures (held to
 them by tests/sglang_contract/test_stand_in.py); what they share lives in `fake_core.py`. The
 model runner computes every forward with the Hugging Face model of the checkpoint (fp32, CPU, one
 sequence at a time) and captures the layers the way SGLang's model code turns capture ids into
@@ -22,6 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 CORE = ROOT / "fake_core.py"
+# The releases with a stand-in; every other supported release is held to its adapter by the
+# contract test alone (tests/sglang_contract/test_capture_engine.py).
+STAND_INS = ("0.5.14", "0.5.23")
 
 
 def stand_in(version: str) -> Path:

@@ -205,8 +205,35 @@ class LlamaForCausalLM(_CausalLM):
         return self._run(input_ids, forward_batch)
 
 
+# The MoE keys SGLang's models/deepseek_v2.py reads as `config.<key>`, with no default, when it
+# builds a DeepSeek-V3 / Kimi-K2 model (its MoE gate, experts and top-k, `_is_layer_sparse`), in
+# every release from 0.5.14 to 0.5.23 (scoring_func: from 0.5.15 on; 0.5.14 reads it on its hash
+# and V4 routing paths only). Every real config.json holds them; transformers' DeepseekV3Config has
+# no moe_layer_freq, topk_method or scoring_func of its own, so without them SGLang's model fails
+# to build with an AttributeError, as the stand-in's does.
+DEEPSEEK_MOE_KEYS = (
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "n_shared_experts",
+    "moe_intermediate_size",
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "topk_method",
+    "scoring_func",
+    "norm_topk_prob",
+    "n_group",
+    "topk_group",
+    "routed_scaling_factor",
+)
+
+
 class DeepseekV2ForCausalLM(_CausalLM):
     _family = "deepseek_v2"
+
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__(config, quant_config, prefix)
+        for key in DEEPSEEK_MOE_KEYS:  # SGLang's `config.<key>`: AttributeError when absent
+            getattr(self._hf.config, key)
 
     def forward(
         self, input_ids, positions, forward_batch, input_embeds=None, pp_proxy_tensors=None

@@ -81,6 +81,8 @@ class ClassWalk:
         self.tree = ast.parse(self.source)
         assert all(isinstance(n, ast.ClassDef) for n in self.tree.body)
         self.self_attrs: dict[str, Typed] = {}
+        self.own_returns: dict[str, Typed] = {}  # what each walked method returns
+        self.own_args: dict[tuple[str, str], Typed] = {}  # (method, parameter): what it is given
         self._types: dict[tuple[str, str], Typed] = {}
         self.report = Report()
 
@@ -92,6 +94,7 @@ class ClassWalk:
             if isinstance(n, ast.FunctionDef)  # type: ignore[attr-defined]
         ]
         self.own_methods = {m.name for m in methods}
+        self.own_defs = methods
         for final in (False, True):  # the first pass learns self's attributes
             self.report = Report()
             for fn in methods:
@@ -102,7 +105,12 @@ class ClassWalk:
 
     def walk_function(self, fn: ast.FunctionDef, record: bool) -> None:
         self.record = record
-        self.env: dict[str, Typed] = {}
+        self.function = fn.name
+        self.env: dict[str, Typed] = {
+            a.arg: self.own_args[(fn.name, a.arg)]
+            for a in fn.args.args + fn.args.kwonlyargs
+            if (fn.name, a.arg) in self.own_args
+        }
         for node in ast.walk(fn):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sglang"):
                 for alias in node.names:
@@ -146,7 +154,11 @@ class ClassWalk:
                 self.bind(target, stmt.value, value)
         elif isinstance(stmt, ast.AnnAssign) and stmt.value is not None:
             self.bind(stmt.target, stmt.value, self.expr(stmt.value))
-        elif isinstance(stmt, ast.Expr | ast.Return) and stmt.value is not None:
+        elif isinstance(stmt, ast.Return) and stmt.value is not None:
+            returned = self.expr(stmt.value)
+            if returned.known:  # a request built by one method is checked where another uses it
+                self.own_returns[self.function] = returned
+        elif isinstance(stmt, ast.Expr) and stmt.value is not None:
             self.expr(stmt.value)
         elif isinstance(stmt, ast.For):
             self.expr(stmt.iter)
@@ -321,6 +333,13 @@ class ClassWalk:
         return UNKNOWN
 
     def call(self, node: ast.Call) -> Typed:
+        if (
+            isinstance(node.func, ast.Attribute)
+            and ast.unparse(node.func.value) == "self"
+            and node.func.attr in self.own_methods
+        ):
+            self.own_call(node, node.func.attr)
+            return self.own_returns.get(node.func.attr, UNKNOWN)
         callee = self.expr(node.func)
         for a in node.args:
             self.expr(a)
@@ -371,8 +390,19 @@ class ClassWalk:
             self.unchecked(node, f"{text}(...) on a value SGLang made, of no known class")
         return UNKNOWN
 
+    def own_call(self, node: ast.Call, name: str) -> None:
+        """A call of a walked method: what its arguments are is what its parameters are when it
+        is walked (a request built in one method, extended in another, is checked in both)."""
+        for fn in (d for d in self.own_defs if d.name == name):
+            params = [a.arg for a in fn.args.args[1:]]
+            given = [*zip(params, node.args), *((k.arg, k.value) for k in node.keywords)]
+            for param, value in given:
+                typed = self.expr(value)
+                if param and typed.known:
+                    self.own_args[(name, param)] = typed
+
     def config_bag(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Typed | None:
-        """0.5.23's `get_<ns>()` returns `config_bag("<ns>")`: the resolved fields of the
+        """0.5.20 on, `get_<ns>()` returns `config_bag("<ns>")`: the resolved fields of the
         ServerArgs namespace whose `_NS_PATH` is <ns>."""
         body = [s for s in fn.body if not isinstance(s, ast.Expr)]
         if not (len(body) == 1 and isinstance(body[0], ast.Return)):
@@ -395,6 +425,10 @@ class ClassWalk:
                     and node.value.value == value.args[0].value
                 ):
                     return Typed((namespace,))
+        if not server_args.assembled_from():
+            # 0.5.19's ServerArgs is one dataclass whose fields name their namespace
+            # (`NS("schedule")`): a bag holds those of its fields, checked as ServerArgs'
+            return Typed((server_args,))
         return None
 
     def returns(self, owner: Class, fn: ast.FunctionDef, decorators: set[str]) -> Typed:

@@ -1,6 +1,6 @@
 """The capture engine's SGLang calls against each supported release's own source: every import,
 call, keyword, required parameter, attribute read or written and enum member of its adapter for
-that release (stages/engines/sglang_capture.py), and that nothing is left unchecked."""
+that release (stages/capture/runners.py), and that nothing is left unchecked."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import ast
 
 import pytest
 
-from stages.capture import sglang as sglang_capture
+from stages.capture import runners
 from stages.capture.releases import SUPPORTED_VERSIONS
 from tests.conftest import ROOT
 
@@ -24,12 +24,12 @@ def release(request):
 
 
 def test_every_supported_release_has_its_adapter():
-    assert set(sglang_capture.RUNNERS) == set(SUPPORTED_VERSIONS)
+    assert set(runners.RUNNERS) == set(SUPPORTED_VERSIONS)
 
 
 @pytest.mark.slow
 def test_adapter_calls_are_the_releases(release):
-    report = ClassWalk(release, sglang_capture.RUNNERS[release.version]).run()
+    report = ClassWalk(release, runners.RUNNERS[release.version]).run()
     assert not report.problems, f"SGLang {release.version}:\n" + "\n".join(report.problems)
     assert not report.unchecked, "\n".join(report.unchecked)
     checked = "\n".join(report.checked)
@@ -87,22 +87,55 @@ def test_the_check_refuses_the_old_engines_calls():
 @pytest.mark.slow
 def test_a_planted_mistake_in_an_adapter_is_caught(release, change, problem):
     """The engine's own adapter with one name changed: the check names it."""
-    source = ClassWalk(release, sglang_capture.RUNNERS[release.version]).source
+    source = ClassWalk(release, runners.RUNNERS[release.version]).source
     planted = source.replace(*change)
     assert planted != source
     problems = "\n".join(ClassWalk(release, planted).run().problems)
     assert problem in problems, problems
 
 
+# One mistake in a step that only this release's adapter takes, and what the check says.
+OWN_STEP_MISTAKES = {
+    "0.5.14": (
+        "req.fill_len = ",
+        "req.fill_length = ",
+        "Req neither defines nor sets .fill_length",
+    ),
+    "0.5.15": ("tp_rank=s.rank", "tp_ranks=s.rank", "keyword 'tp_ranks' is no parameter"),
+    "0.5.16": ("dcp_size=args.dcp_size", "dcp_sizes=args.dcp_size", "keyword 'dcp_sizes'"),
+    "0.5.17": ("ps=self.parallel_state(s)", "pstate=self.parallel_state(s)", "keyword 'pstate'"),
+    "0.5.18": ("attn_dcp_rank=", "attn_dcp_ranks=", "keyword 'attn_dcp_ranks' is no parameter"),
+    "0.5.19": ('role="scheduler")', 'roles="scheduler")', "keyword 'roles' is no parameter"),
+    "0.5.20": ("initialize_moe_config()", "initialize_moe_config(self.server_args)", "takes 0"),
+    "0.5.21": ("get_device().device", "get_device().devices", "nor sets .devices"),
+    "0.5.22": ("req.extend_end = ", "req.extend_stop = ", "nor sets .extend_stop"),
+    "0.5.23": (
+        "enable_return_aux_hidden_states=True",
+        "enable_return_aux_hidden_state=True",
+        "keyword 'enable_return_aux_hidden_state' is no parameter",
+    ),
+}
+
+
+@pytest.mark.slow
+def test_a_mistake_in_any_adapters_own_steps_is_caught(release):
+    assert set(OWN_STEP_MISTAKES) == set(SUPPORTED_VERSIONS)
+    text, planted, problem = OWN_STEP_MISTAKES[release.version]
+    source = ClassWalk(release, runners.RUNNERS[release.version]).source
+    assert text in source
+    problems = "\n".join(ClassWalk(release, source.replace(text, planted)).run().problems)
+    assert problem in problems, problems
+
+
 def test_prefill_only_cache_has_what_the_releases_own_driver_gives():
     """The tree cache the adapters hand to ScheduleBatch has every method of the one the
     release's own scheduler-less driver (bench_one_batch) hands it."""
-    drivers = {"0.5.14": "sglang.bench_one_batch", "0.5.23": "sglang.benchmark.one_batch"}
-    for version, module in drivers.items():
+    for version in SUPPORTED_VERSIONS:
         release = require(version)
+        module = "sglang.bench_one_batch" if version == "0.5.14" else "sglang.benchmark.one_batch"
         theirs = release.cls(module, "TreeCacheNamespace")
         methods = {n.name for n in theirs.node.body if isinstance(n, ast.FunctionDef)}
-        missing = methods - set(dir(sglang_capture.PrefillOnlyCache))
+        missing = methods - set(dir(runners.PrefillOnlyCache))
         assert not missing, f"{version}'s driver's tree cache has {missing}"
 
 
@@ -117,7 +150,27 @@ def test_only_the_capture_engine_imports_sglang():
                 names = [node.module or ""]
             if any(n == "sglang" or n.startswith("sglang.") for n in names):
                 importers.append(path.relative_to(ROOT).as_posix())
-    assert sorted(set(importers)) == ["stages/capture/sglang.py"]
+    assert sorted(set(importers)) == ["stages/capture/runners.py"]
+
+
+# (an adapter, the next release whose runner API it cannot drive); 0.5.22's would drive 0.5.23
+# too, whose own adapter takes the aux-hidden-states switch instead
+NEIGHBOURS = [
+    ("0.5.14", "0.5.15"),
+    ("0.5.16", "0.5.18"),
+    ("0.5.18", "0.5.19"),
+    ("0.5.19", "0.5.21"),
+    ("0.5.21", "0.5.22"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("written_for, other", NEIGHBOURS)
+def test_an_adapter_fails_on_the_next_release_whose_api_changed(written_for, other):
+    """The groups are as tight as the releases: each adapter, checked against the first release
+    after its own where the API changed, is refused."""
+    report = ClassWalk(require(other), runners.RUNNERS[written_for]).run()
+    assert report.problems, f"the {written_for} adapter passes {other}'s source"
 
 
 def test_a_missing_release_says_how_to_fetch_it():

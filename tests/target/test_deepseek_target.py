@@ -25,7 +25,14 @@ from stages.drafter.layers import serving_layer_ids
 from stages.drafter.model import Eagle3Config, target_facts
 from stages.target.model import load_causal_lm
 from stages.target.weights import embedding_and_head
-from tests.mla_target import KIMI_YARN, SHAPES, k25_layout, tiny_target
+from tests.mla_target import (
+    KIMI_YARN,
+    SHAPES,
+    deepseek_config,
+    k25_layout,
+    kimi_heads_target,
+    tiny_target,
+)
 from tests.project import copy_project, ran_stages, sh
 from tests.stage_runner import run_stage
 
@@ -81,6 +88,40 @@ def test_target_is_kimi_shaped(target):
     assert len(set(index.values())) > 1  # sharded, as a real target is
     assert "model.layers.1.mlp.experts.3.down_proj.weight" in index  # DeepSeek's expert layout
     assert "model.layers.1.mlp.shared_experts.up_proj.weight" in index
+
+
+KIMI_HEADS = (
+    "num_attention_heads",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+)
+
+
+def test_kimi_heads_has_kimi_k25s_attention_at_a_small_width():
+    """What real SGLang's MLA kernels take on a GPU: Kimi-K2.5's heads, not tiny's."""
+    cfg = deepseek_config("kimi-heads")
+    assert {k: getattr(cfg, k) for k in KIMI_HEADS} == {
+        k: SHAPES["kimi-k2.5"][k] for k in KIMI_HEADS
+    }
+    assert (cfg.kv_lora_rank, cfg.qk_rope_head_dim) == (512, 64)
+    assert cfg.hidden_size == 1024 and cfg.n_routed_experts == 8 and cfg.num_experts_per_tok == 2
+    assert cfg.topk_method == "noaux_tc" and cfg.moe_layer_freq == 1
+
+
+def test_kimi_heads_target_is_a_bf16_checkpoint_with_the_demo_tokenizer(tmp_path):
+    """At a few layers and heads (the full shape is 0.8 GB): what the function writes."""
+    small = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=2, num_key_value_heads=2)
+    out = kimi_heads_target(tmp_path / "target", **small)
+    saved = json.loads((out / "config.json").read_text())
+    assert saved["dtype"] == "bfloat16" and saved["vocab_size"] == TINY["vocab_size"]
+    assert saved["kv_lora_rank"] == 512 and saved["qk_rope_head_dim"] == 64
+    assert saved["moe_layer_freq"] == 1 and saved["topk_method"] == "noaux_tc"
+    assert (out / "tokenizer.json").exists() and (out / "tokenizer_config.json").exists()
+    weights = embedding_and_head(out)
+    assert all(w.dtype == torch.bfloat16 for w in weights)
 
 
 def test_feature_extractor_equals_hf_hidden_states_exactly(target):

@@ -1,0 +1,388 @@
+"""Every SGLang-facing path of the pipeline, run against the SGLang release installed here, through
+the project's own commands, on a GPU: one line of figures per path, exit 1 when any path fails.
+
+    python -m tests.perf.real_sglang [--work DIR] [--paths ...] [--json-out FILE]
+
+Run from the repository root of a finished demo run (data/prompts, data/merged, data/vocab,
+models/drafter, models/card, reports), with SGLang importable (on the device: one bundle of
+../shared/sglang-h200, README there). The paths, each stage in a process of its own with a params
+file written under --work from params.yaml:
+
+- canary-llama: `stages.commands.canary`, extract.engine sglang (tp 1) against the hf reference on
+  the GPU, on the demo target (Llama).
+- canary-deepseek: the same on a random DeepSeek-V3 with Kimi-K2.5's head dims, MoE keys and yarn
+  RoPE (tests/mla_target.py `kimi-heads`).
+- generate: `stages.generate` of one dataset through a server it launches from params, and with
+  the hf engine on the GPU: the rows whose output_ids are identical.
+- extract: `stages.extract` with the sglang engine and with the hf engine: ids and loss masks
+  equal, the features' largest relative difference per shard.
+- benchmark: `stages.benchmark` served (both servers launched from params, the drafter as the
+  train stage exported it) and in-process on the GPU: tau at T=0 of each (without the prefill
+  token), their verify steps.
+- online: `stages.extract` with store none, then `stages.train` over the sglang engine: its steps
+  and `features`.
+- launch-line: the launch line the model card and report print, against the speculative server's
+  command the benchmark ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+PORT = 30100
+DATASET = "sharegpt"
+SERVER = dict(host="127.0.0.1", port=PORT, mem_fraction_static=0.5)
+
+
+def params(work: Path, name: str, change: Callable[[dict], None]) -> Path:
+    """params.yaml with `change` applied, written as work/<name>.yaml."""
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p["target"].update(device="cuda", dtype="bfloat16")
+    p["extract"]["sglang"].update(tp_size=1, mem_fraction_static=0.5)
+    change(p)
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(p, sort_keys=False))
+    return path
+
+
+def stage(work: Path, name: str, module: str, *args: str, timeout_s: int = 900) -> str:
+    """`python -m module args`, its output to work/<name>.log; raises with its tail on failure."""
+    log = work / f"{name}.log"
+    command = [sys.executable, "-m", module, *args]
+    with log.open("w") as out:
+        done = subprocess.run(
+            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
+        )
+    text = log.read_text()
+    if done.returncode:
+        tail = "\n".join(text.splitlines()[-25:])
+        raise RuntimeError(f"{shlex.join(command[1:])} exited {done.returncode}:\n{tail}")
+    return text
+
+
+def canary_params(p: dict) -> None:
+    p["extract"]["engine"] = "sglang"
+    p["extract"]["canary"].update(reference="hf", hf_device="cuda")
+
+
+def generate_params(engine: str) -> Callable[[dict], None]:
+    def change(p: dict) -> None:
+        p["generate"]["engine"] = engine
+        p["generate"]["sglang"]["urls"] = [f"http://127.0.0.1:{PORT}"]
+        p["generate"]["sglang"]["launch"] = {"server_args": dict(SERVER)}
+
+    return change
+
+
+def extract_params(engine: str, store: str) -> Callable[[dict], None]:
+    def change(p: dict) -> None:
+        p["extract"].update(engine=engine, store=store)
+
+    return change
+
+
+def benchmark_params(mode: str) -> Callable[[dict], None]:
+    def change(p: dict) -> None:
+        p["benchmark"].update(mode=mode, temperatures=[0.0], max_prompts=4)
+        # CUDA graphs off: the device bundles leave out deep_gemm, which 0.5.17's draft worker
+        # imports to capture them (../shared/sglang-h200/README.md)
+        p["benchmark"]["sglang"]["launch"] = {
+            "server_args": dict(SERVER, port=PORT + 1),
+            "extra_args": ["--disable-cuda-graph"],
+        }
+
+    return change
+
+
+def online_params(p: dict) -> None:
+    p["extract"].update(engine="sglang", store="none")
+    p["train"].update(max_steps=40, eval_every=20, checkpoint_every=20, device="cuda")
+
+
+# every params file the paths write, by name (tests/perf/test_real_sglang.py checks each one)
+VARIANTS: dict[str, Callable[[dict], None]] = {
+    "canary": canary_params,
+    "generate-sglang": generate_params("sglang"),
+    "generate-hf": generate_params("hf"),
+    "extract-sglang-all": extract_params("sglang", "all"),
+    "extract-hf-all": extract_params("hf", "all"),
+    "extract-sglang-none": extract_params("sglang", "none"),
+    "benchmark-sglang": benchmark_params("sglang"),
+    "benchmark-hf": benchmark_params("hf"),
+    "train-online": online_params,
+}
+
+
+def canary(work: Path, name: str, target: str | None = None) -> dict:
+    def change(p: dict) -> None:
+        canary_params(p)
+        if target:
+            p["target"]["path"] = target
+
+    p = params(work, name, change)
+    out = stage(
+        work,
+        name,
+        "stages.commands.canary",
+        "--merged",
+        "data/merged",
+        "--samples",
+        "8",
+        "--params",
+        str(p),
+    )
+    lines = [line.removeprefix("[canary] ") for line in out.splitlines() if "[canary]" in line]
+    return {"passed": True, "table": lines}
+
+
+def canary_deepseek(work: Path) -> dict:
+    from tests.mla_target import kimi_heads_target
+
+    target = work / "deepseek-v3-kimi-heads"
+    if not (target / "config.json").exists():
+        kimi_heads_target(target)
+    return canary(work, "canary-deepseek", str(target))
+
+
+def raw_ids(raw_dir: Path) -> dict[str, list[int]]:
+    import pyarrow.dataset as ds
+
+    parts = [str(p) for p in sorted(raw_dir.glob("*.parquet"))]  # not their checksum files
+    table = ds.dataset(parts, format="parquet").to_table(columns=["sample_id", "output_ids"])
+    return dict(zip(table["sample_id"].to_pylist(), table["output_ids"].to_pylist()))
+
+
+def generate(work: Path) -> dict:
+    runs = {}
+    for engine in ("sglang", "hf"):
+        p = params(work, f"generate-{engine}", VARIANTS[f"generate-{engine}"])
+        start = time.monotonic()
+        stage(
+            work,
+            f"generate-{engine}",
+            "stages.generate",
+            DATASET,
+            "--prompts",
+            f"data/prompts/{DATASET}.parquet",
+            "--out",
+            str(work / f"raw-{engine}"),
+            "--report",
+            str(work / f"generate-{engine}.json"),
+            "--params",
+            str(p),
+        )
+        runs[engine] = (raw_ids(work / f"raw-{engine}"), time.monotonic() - start)
+    served, hf = runs["sglang"][0], runs["hf"][0]
+    same = sum(served[k] == hf.get(k) for k in served)
+    tokens = sum(len(v) for v in served.values())
+    return {
+        "passed": same == len(hf) == len(served),
+        "rows": len(served),
+        "identical": same,
+        "tokens": tokens,
+        "sglang_s": round(runs["sglang"][1], 1),
+        "hf_s": round(runs["hf"][1], 1),
+    }
+
+
+def extract_with(work: Path, engine: str, store: str = "all") -> Path:
+    name = f"extract-{engine}-{store}"
+    p = params(work, name, VARIANTS[name])
+    stage(
+        work,
+        name,
+        "stages.extract",
+        "--merged",
+        "data/merged",
+        "--out",
+        str(work / f"hidden-{engine}-{store}"),
+        "--report",
+        str(work / f"{name}.json"),
+        "--params",
+        str(p),
+    )
+    return work / f"hidden-{engine}-{store}"
+
+
+def extract(work: Path) -> dict:
+    import torch
+    from safetensors.torch import load_file
+
+    from stages.artifacts.hidden import shard_files
+
+    served, hf = extract_with(work, "sglang"), extract_with(work, "hf")
+    pairs = list(zip(shard_files(served), shard_files(hf), strict=True))
+    worst = {"aux": 0.0, "last": 0.0}
+    for a, b in pairs:
+        x, y = load_file(str(a)), load_file(str(b))
+        for key in ("input_ids", "loss_mask"):
+            if not torch.equal(x[key], y[key]):
+                return {"passed": False, "why": f"{a.name}: {key} differ"}
+        for key in worst:
+            if key in x:
+                diff = (x[key].float() - y[key].float()).norm() / y[key].float().norm()
+                worst[key] = max(worst[key], float(diff))
+    reports = {
+        e: json.loads((work / f"extract-{e}-all.json").read_text()) for e in ("sglang", "hf")
+    }
+    return {
+        "passed": worst["aux"] < 0.05 and worst["last"] < 0.05,
+        "shards": len(pairs),
+        "aux_rel": f"{worst['aux']:.1e}",
+        "last_rel": f"{worst['last']:.1e}",
+        "sglang_tok_s": reports["sglang"].get("tokens_per_s"),
+        "hf_tok_s": reports["hf"].get("tokens_per_s"),
+    }
+
+
+def benchmark(work: Path) -> dict:
+    results = {}
+    for mode in ("sglang", "hf"):
+        p = params(work, f"benchmark-{mode}", VARIANTS[f"benchmark-{mode}"])
+        stage(
+            work,
+            f"benchmark-{mode}",
+            "stages.benchmark",
+            "--merged",
+            "data/merged",
+            "--drafter-dir",
+            "models/drafter",
+            "--report",
+            str(work / f"benchmark-{mode}.json"),
+            "--plot",
+            str(work / f"benchmark-{mode}.csv"),
+            "--params",
+            str(p),
+        )
+        results[mode] = json.loads((work / f"benchmark-{mode}.json").read_text())
+    served, in_process = greedy_tau(results["sglang"]), greedy_tau(results["hf"])
+    close = abs(served - in_process) <= 0.05 * in_process
+    return {
+        "passed": close and served > 1.0,
+        "served_tau": served,
+        "in_process_tau": in_process,
+        "served_verify_steps": results["sglang"]["temperatures"]["0.0"].get("verify_steps"),
+        "version": results["sglang"].get("engine_version"),
+    }
+
+
+def greedy_tau(report: dict) -> float:
+    """tau at T=0 without the prefill token: the in-process benchmark's own tau, the served
+    one's tau_excluding_prefill."""
+    greedy = report["temperatures"]["0.0"]
+    return round(float(greedy.get("tau_excluding_prefill", report["tau_greedy"])), 4)
+
+
+def online(work: Path) -> dict:
+    hidden = extract_with(work, "sglang", store="none")
+    p = params(work, "train-online", VARIANTS["train-online"])
+    stage(
+        work,
+        "train-online",
+        "stages.train",
+        "--hidden-dir",
+        str(hidden),
+        "--vocab-file",
+        "data/vocab/d2t_t2d.safetensors",
+        "--checkpoint-dir",
+        str(work / "ckpt-online"),
+        "--out-dir",
+        str(work / "drafter-online"),
+        "--report",
+        str(work / "train-online.json"),
+        "--plots",
+        str(work / "plots-online"),
+        "--params",
+        str(p),
+    )
+    report = json.loads((work / "train-online.json").read_text())
+    drafter = json.loads((work / "drafter-online" / "config.json").read_text())
+    return {
+        "passed": report.get("features") == "online sglang" and report.get("steps") == 40,
+        "steps": report.get("steps"),
+        "features": report.get("features"),
+        "final_loss": report.get("final_loss"),
+        "drafter_dtype": drafter.get("dtype"),
+    }
+
+
+def launch_line_path(work: Path) -> dict:
+    """The card's launch line: every flag it names is in the command that served, same value."""
+    served = json.loads((work / "benchmark-sglang.json").read_text())
+    ran = next(s["command"] for s in served["servers"].values() if "--speculative" in s["command"])
+    card = (ROOT / "models" / "card" / "README.md").read_text()
+    wanted, differ = launch_line_differences(card, ran)
+    return {"passed": not differ, "flags": wanted, "differ": differ or None}
+
+
+def launch_line_differences(card: str, ran: str) -> tuple[int, dict]:
+    """(how many flags the card's launch line names, those the command that ran gives otherwise:
+    flag -> (the card's value, the command's))."""
+    line = next(line.strip() for line in card.splitlines() if "--speculative-algorithm" in line)
+    wanted, got = flags(shlex.split(line)), flags(shlex.split(ran))
+    return len(wanted), {k: (v, got.get(k)) for k, v in wanted.items() if got.get(k) != v}
+
+
+def flags(command: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for i, word in enumerate(command):
+        if word.startswith("--"):
+            value = command[i + 1] if i + 1 < len(command) else None
+            out[word] = None if value is None or value.startswith("--") else value
+    return out
+
+
+PATHS: dict[str, Callable[[Path], dict]] = {
+    "canary-llama": lambda work: canary(work, "canary-llama"),
+    "canary-deepseek": canary_deepseek,
+    "generate": generate,
+    "extract": extract,
+    "benchmark": benchmark,
+    "launch-line": launch_line_path,
+    "online": online,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/real-sglang"))
+    parser.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS))
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    from stages.capture.releases import installed_sglang_version
+
+    version = installed_sglang_version()
+    print(f"SGLang {version}, work in {args.work}", flush=True)
+    results = {}
+    for name in args.paths:
+        start = time.monotonic()
+        try:
+            result = PATHS[name](args.work)
+        except Exception as err:  # a path that fails is reported, the others still run
+            result = {"passed": False, "error": f"{type(err).__name__}: {err}"}
+        result["seconds"] = round(time.monotonic() - start, 1)
+        results[name] = result
+        shown = {k: v for k, v in result.items() if k not in ("passed", "table")}
+        print(
+            f"{name:16} {'PASS' if result['passed'] else 'FAIL'}  {json.dumps(shown)}", flush=True
+        )
+        for line in result.get("table", []):
+            print(f"{'':18}{line}")
+        if args.json_out:
+            args.json_out.write_text(json.dumps({"sglang": version, "paths": results}, indent=2))
+    return 0 if all(r["passed"] for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""tests/perf/real_sglang.py keeps working where no GPU or SGLang is: every params file it writes
+passes the project's params check, and its comparisons tell a match from a mismatch."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from stages import config
+from stages.serving.bench import launch_line
+from tests.perf import real_sglang
+
+
+@pytest.mark.parametrize("name", sorted(real_sglang.VARIANTS))
+def test_every_params_file_it_writes_passes_the_check(name, tmp_path):
+    path = real_sglang.params(tmp_path, name, real_sglang.VARIANTS[name])
+    config.check_all(path)
+    written = config.load_params(path)
+    assert written["target"]["device"] == "cuda" and written["extract"]["sglang"]["tp_size"] == 1
+
+
+def test_the_launch_line_check_tells_a_match_from_a_mismatch():
+    card = f"Serve it with\n\n    {launch_line('data/demo/target', 'models/drafter', 3)}\n"
+    ran = launch_line("data/demo/target", "models/drafter", 3).replace(
+        "--model-path", "--host 127.0.0.1 --port 30101 --model-path"
+    )
+    assert real_sglang.launch_line_differences(card, ran) == (6, {})
+    other = ran.replace("--speculative-num-steps 3", "--speculative-num-steps 5")
+    count, differ = real_sglang.launch_line_differences(card, other)
+    assert differ == {"--speculative-num-steps": ("3", "5")}
+    assert count == len(real_sglang.flags(shlex.split(launch_line("t", "d", 3))))
+
+
+def test_raw_ids_read_the_parts_not_their_checksums(tmp_path):
+    rows = pa.table({"sample_id": ["a", "b"], "output_ids": [[1, 2], [3]]})
+    pq.write_table(rows, tmp_path / "part-00000.parquet")
+    (tmp_path / "part-00000.parquet.sha256.json").write_text(json.dumps({"sha256": "0"}))
+    assert real_sglang.raw_ids(tmp_path) == {"a": [1, 2], "b": [3]}
+
+
+def test_greedy_tau_leaves_the_prefill_token_out_of_the_served_figure():
+    served = {
+        "tau_greedy": 3.7,
+        "temperatures": {"0.0": {"tau": 3.7, "tau_excluding_prefill": 2.7}},
+    }
+    in_process = {"tau_greedy": 2.6, "temperatures": {"0.0": {"tau": 2.6}}}
+    assert real_sglang.greedy_tau(served) == 2.7
+    assert real_sglang.greedy_tau(in_process) == 2.6
