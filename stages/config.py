@@ -19,6 +19,7 @@ from typing import Any, Literal
 import yaml
 
 PARAMS_FILE = Path("params.yaml")
+DEVICE = r"auto|cpu|cuda|cuda:\d+"  # what torch.device takes here (stages/runtime/device.py)
 
 
 class ParamsError(ValueError):
@@ -55,10 +56,12 @@ def param(
     gt: float | None = None,
     le: float | None = None,
     lt: float | None = None,
+    pattern: str | None = None,
 ) -> Any:
     """One params.yaml key: its default, what it does (docs/params.md is generated from this
-    text by tools/params_doc.py) and the range a number must lie in (checked with its type)."""
-    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    text by tools/params_doc.py), the range a number must lie in and the pattern a string must
+    match (checked with its type, by the check stage as by the stage that reads it)."""
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt, "pattern": pattern}
     metadata = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
@@ -96,8 +99,8 @@ class TargetParams(Ranged):
         factory=dict,
     )
     trust_remote_code: bool = param(False, "Run the model's own code from its directory.")
-    device: str = param("auto", "auto | cpu | cuda | cuda:N.")
-    dtype: str = param(
+    device: str = param("auto", "auto | cpu | cuda | cuda:N.", pattern=DEVICE)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = param(
         "auto", "auto (bf16 on a GPU, fp32 on the CPU) | float32 | bfloat16 | float16."
     )
     cpu_threads: int | None = param(None, "torch threads on the CPU (null: torch's default).", ge=1)
@@ -353,7 +356,9 @@ class ExtractCanaryParams(Ranged):
         "--enable-return-aux-hidden-states (the canary prints the flags), aux layers only.",
     )
     url: str | None = param(None, "The http reference's server.")
-    hf_device: str = param("cpu", "Where the hf reference runs (the GPUs hold the engine).")
+    hf_device: str = param(
+        "cpu", "Where the hf reference runs (the GPUs hold the engine).", pattern=DEVICE
+    )
     max_rel_error: float | None = param(
         None,
         "Per layer, ||got - ref|| / ||ref|| over the samples' tokens above which the canary "
@@ -449,7 +454,7 @@ class TrainParams(Ranged):
     eval_max_samples: int = param(256, "Eval samples per evaluation.", ge=1)
     checkpoint_every: int = param(200, "Steps between checkpoints (the unit of resume).", ge=1)
     seed: int = param(0, "Seed of the initialisation and the sample order.")
-    device: str = param("auto", "auto | cpu | cuda | cuda:N.")
+    device: str = param("auto", "auto | cpu | cuda | cuda:N.", pattern=DEVICE)
     cpu_threads: int | None = param(None, "torch threads on the CPU (null: torch's default).", ge=1)
     compile: bool = param(
         False,
@@ -667,8 +672,11 @@ def _check_layers(raw: dict, path: Path | str) -> None:
 
 
 def _check_range(value: Any, f: dataclasses.Field, key: str) -> None:
-    """A number outside the key's range (param's ge / gt / le / lt) names the key and the
-    range."""
+    """A number outside the key's range (param's ge / gt / le / lt), or a string off its
+    pattern, names the key and what is allowed."""
+    pattern = f.metadata.get("pattern")
+    if pattern and isinstance(value, str) and not re.fullmatch(pattern, value):
+        raise ParamsError(f"{key}: {value!r} is not one of {allowed_range(f)}")
     if value is None or isinstance(value, bool) or not isinstance(value, int | float):
         return
     ge, gt, le, lt = (f.metadata.get(k) for k in ("ge", "gt", "le", "lt"))
@@ -684,6 +692,8 @@ def _check_range(value: Any, f: dataclasses.Field, key: str) -> None:
 def allowed_range(f: dataclasses.Field) -> str:
     """The range a key's number must lie in, as docs/params.md and errors write it."""
     ge, gt, le, lt = (f.metadata.get(k) for k in ("ge", "gt", "le", "lt"))
+    if f.metadata.get("pattern"):
+        return str(f.metadata["pattern"]).replace("|", " | ").replace(r"\d+", "N")
     low = f">= {ge:g}" if ge is not None else f"> {gt:g}" if gt is not None else ""
     high = f"<= {le:g}" if le is not None else f"< {lt:g}" if lt is not None else ""
     return " and ".join(p for p in (low, high) if p)

@@ -49,7 +49,7 @@ from .cli import PathOpt, params_key, run, summary
 from .runtime import parallel
 from .runtime.device import resolve_device
 from .runtime.files import remove_with_checksum, write_json
-from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
+from .runtime.outputs import output_lock, remove_stale_temps, remove_stale_temps_around
 from .runtime.progress import Progress
 from .target.tokenizer import model_fingerprint
 from .wiring.capture import DTYPES, ConfigFacts, build_capture, config_only_facts
@@ -101,7 +101,7 @@ def _extract(
     )
     meta = _meta(fingerprint, params, target, facts, capture, size)
     storage_line = _storage_line(total, size, len(plan), meta, params)
-    _prepare_out_dir(out_dir, meta, len(plan), storage_line, rank, world)
+    _prepare_out_dir(out_dir, meta, storage_line, rank, world)
     shards = _Shards(merged_dir, out_dir, plan, [shard_key(fingerprint, shard) for shard in plan])
     todo = _shards_to_extract(shards, rank, world)
     # every groups-th shard of those left: a rerun after a rank died splits its shards over all
@@ -116,6 +116,9 @@ def _extract(
     )
     if rank == 0:
         hidden.write_index(out_dir, plan, params.store)
+        for old in hidden.shard_files(out_dir):  # an earlier, longer plan's: the run is done
+            if hidden.shard_number(old) >= len(plan):
+                remove_with_checksum(old)
     return {
         "tokens": total,
         "shards": len(plan),
@@ -209,24 +212,25 @@ def _storage_line(
 
 
 def _prepare_out_dir(
-    out_dir: Path, meta: hidden.HiddenMeta, shards: int, storage_line: str, rank: int, world: int
+    out_dir: Path, meta: hidden.HiddenMeta, storage_line: str, rank: int, world: int
 ) -> None:
-    """Rank 0 makes the folder this run's before any rank writes: emptied if the fingerprint
-    changed, rid of a killed run's half shards and of shards past the plan's end, with this run's
-    meta.json. Every rank reads the old meta first, and waits until the folder is ready."""
+    """Rank 0 makes the folder this run's before any rank writes: rid of a killed run's half
+    shards, with this run's meta.json. When the fingerprint changed nothing else goes: each
+    earlier shard is replaced when this run's shard of its number lands (its key tells them
+    apart), and those past the plan's end once the run is done, so a run that fails keeps what it
+    has not replaced. Every rank reads the old meta first, and waits until the folder is ready."""
     meta_path = out_dir / hidden.META
     stale = meta_path.exists() and hidden.read_meta(out_dir).fingerprint != meta.fingerprint
     _barrier(world)  # every rank has read the old meta before rank 0 may remove it
     if rank == 0:
         if stale:
-            print("[extract] target, layers or storage settings changed: extracting again")
-            empty_dir(out_dir)
+            print(
+                "[extract] target, layers or storage settings changed: extracting again, each "
+                "earlier shard kept until this run's shard of its number replaces it"
+            )
         print(storage_line)
         out_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(out_dir)  # before any rank writes: a killed run's half shards
-        for old in hidden.shard_files(out_dir):
-            if hidden.shard_number(old) >= shards:
-                remove_with_checksum(old)
         write_json(meta.to_json(), meta_path)
     _barrier(world)
 

@@ -3,13 +3,16 @@
 Reads params `target`, `generate` and `datasets.<name>.generate`. Output data/raw/<name>/ persists
 across runs: turns already generated under the same fingerprint (model, template, sampling,
 regenerate mode) are skipped and conversations continue where they stopped; a changed
-fingerprint starts the dataset over. With `regenerate: all_turns_rendered` each later turn's
-prompt is rendered by the chat template from the conversation so far (target/history.py).
+fingerprint starts the dataset over, the earlier generation left in place until this run's first
+turns are appended (a run that fails or is killed before that leaves it as it was). With
+`regenerate: all_turns_rendered` each later turn's prompt is rendered by the chat template from
+the conversation so far (target/history.py).
 Writes reports/generate/<name>.json.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -28,13 +31,15 @@ from .artifacts.raw import (
     compact,
     drop_corrupt_parts,
     last_turns,
+    part_fingerprints,
+    parts,
     read_raw,
 )
 from .cli import PathOpt, StageError, run, summary
 from .engines import AuthError, Completion, Engine, EngineError, Request, Sampling
 from .engines.turns import Output, RenderPrompt, TurnQueue
-from .runtime.files import write_json
-from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
+from .runtime.files import remove_with_checksum, write_json
+from .runtime.outputs import output_lock, remove_stale_temps, remove_stale_temps_around
 from .serving.monitor import Backlog, GenerationMonitor, run_backlog
 from .target.history import HistoryRenderer
 from .target.tokens import TokenRoles, analyze_output
@@ -42,10 +47,13 @@ from .wiring.engines import make_engine, sampling_for
 from .wiring.target import target_fingerprint, target_roles, target_tokenizer
 
 
-def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str) -> str:
-    """Everything that shapes the generated tokens; a change regenerates the dataset."""
+def fingerprint(
+    target: config.TargetParams, sampling: Sampling, regenerate: str, engine: str = "hf"
+) -> str:
+    """Everything that shapes the generated tokens under `engine`; a change regenerates the
+    dataset."""
     payload = json.dumps(
-        [target_fingerprint(target), sampling.__dict__, regenerate], sort_keys=True
+        [target_fingerprint(target, engine), sampling.__dict__, regenerate], sort_keys=True
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -121,29 +129,33 @@ def _generate_dataset(
     roles = target_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
     prompts, settings = read_prompts(prompts_path)
-    fp = fingerprint(target, sampling, settings.regenerate)
-    existing = _resumable_raw(name, out_dir, fp)
+    fp = fingerprint(target, sampling, settings.regenerate, gen.engine)
+    existing, earlier = _resumable_raw(name, out_dir, fp)
     wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
     existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
     budget = _Budget(budget_tokens, pc.sum(existing.column("completion_tokens")).as_py() or 0)
     queue = _turn_queue(prompts, existing, settings, roles, tokenizer, target.template_kwargs)
     start = time.monotonic()
-    if budget.used < budget.limit and queue.has_unsent():  # else no engine (no server) is started
-        engine = engine or make_engine(gen, target, tokenizer)
-        monitor = _monitor(name, engine, queue, existing.num_rows, budget, others)
-        _generate_turns(
-            engine,
-            queue,
-            sampling,
-            budget,
-            monitor,
-            out_dir,
-            gen.append_every,
-            lambda prompt, done: completion_row(prompt, done, roles, engine.name, fp, tokenizer),
-        )
-        monitor.print()
-    else:
-        print(f"[generate {name}] nothing left to generate: no engine started")
+    with earlier.kept_unless_begun():
+        if budget.used < budget.limit and queue.has_unsent():  # else no engine is started
+            engine = engine or make_engine(gen, target, tokenizer)
+            monitor = _monitor(name, engine, queue, existing.num_rows, budget, others)
+            _generate_turns(
+                engine,
+                queue,
+                sampling,
+                budget,
+                monitor,
+                out_dir,
+                gen.append_every,
+                lambda prompt, done: completion_row(
+                    prompt, done, roles, engine.name, fp, tokenizer
+                ),
+                earlier.begun,
+            )
+            monitor.print()
+        else:
+            print(f"[generate {name}] nothing left to generate: no engine started")
     elapsed = time.monotonic() - start
     table = _compacted(out_dir, wanted)
     engine_name = engine.name if engine else gen.engine
@@ -165,24 +177,59 @@ class _Budget:
         self.tokens = self.used
 
 
-def _resumable_raw(name: str, out_dir: Path, fp: str) -> pa.Table:
-    """The raw turns earlier runs left that this run continues from: a killed run's temporary
-    files and corrupt parts go (their turns are generated again), and all of it goes when it was
-    generated under another fingerprint."""
+def _resumable_raw(name: str, out_dir: Path, fp: str) -> tuple[pa.Table, _Earlier]:
+    """The raw turns earlier runs left that this run continues from (a killed run's temporary
+    files and corrupt parts go: their turns are generated again), and the parts of an earlier
+    generation under another fingerprint, which stay until this run's first turns land."""
     remove_stale_temps(out_dir)
     for part, problem in drop_corrupt_parts(out_dir):
         print(f"[generate {name}] {part}: {problem}; removed, its turns are generated again")
+    by_part = {part: part_fingerprints(part) for part in parts(out_dir)}
+    earlier = _Earlier(name, out_dir, [p for p, fps in by_part.items() if fp not in fps])
+    if len(earlier.parts) < len(by_part):  # this run's fingerprint already holds parts
+        earlier.begun()  # a replacement had begun (a run under fp appended, then stopped)
+        return read_raw(out_dir), earlier
+    if not by_part:
+        return RAW_SCHEMA.empty_table(), earlier
+    found = sorted(set().union(*by_part.values()))
     existing = read_raw(out_dir)
-    found = sorted(set(existing.column("fingerprint").to_pylist()))
-    if existing.num_rows and found != [fp]:
-        print(
-            f"[generate {name}] the raw data in {out_dir} was generated under fingerprint(s) "
-            f"{', '.join(map(str, found))}, this run's is {fp}: the model, template, sampling or "
-            f"regenerate mode changed, so {name} is generated again from the start"
-        )
-        empty_dir(out_dir)
-        return RAW_SCHEMA.empty_table()
-    return existing
+    print(
+        f"[generate {name}] the raw data in {out_dir} was generated under fingerprint(s) "
+        f"{', '.join(map(str, found))}, this run's is {fp}: the model, template, sampling or "
+        f"regenerate mode changed, so {name} is generated again from the start; its "
+        f"{existing.num_rows} earlier turns stay until this run's first turns are appended"
+    )
+    return RAW_SCHEMA.empty_table(), earlier
+
+
+@dataclass
+class _Earlier:
+    """The parts of an earlier generation a changed fingerprint replaces: removed once the
+    replacement has begun for real (its first part appended) or has completed, never before."""
+
+    name: str
+    out_dir: Path
+    parts: list[Path]
+
+    def begun(self) -> None:
+        for part in self.parts:
+            remove_with_checksum(part)
+        self.parts.clear()
+
+    @contextlib.contextmanager
+    def kept_unless_begun(self) -> Iterator[None]:
+        """Around the generation: a completed run leaves only its own turns; one that fails
+        before its first append leaves the earlier ones as they were, and says so."""
+        try:
+            yield
+        except BaseException:
+            if self.parts:
+                print(
+                    f"[generate {self.name}] the earlier raw data in {self.out_dir} is kept as "
+                    f"it was ({len(self.parts)} part(s)): no turn was generated in its place"
+                )
+            raise
+        self.begun()
 
 
 def _turn_queue(
@@ -248,16 +295,18 @@ def _generate_turns(
     out_dir: Path,
     append_every: int,
     raw_row: Callable[[dict, Completion], dict],
+    appended: Callable[[], None],
 ) -> None:
     """The engine's replies, counted against the budget as they come back, appended in raw parts
-    of `append_every` turns: a kill loses at most one part's turns, and when the servers give up
-    the replies already back are kept."""
+    of `append_every` turns (`appended` told after each): a kill loses at most one part's turns,
+    and when the servers give up the replies already back are kept."""
     buffer: list[dict] = []
 
     def flush() -> None:
         if buffer:
             append_part(out_dir, pa.Table.from_pylist(buffer, schema=RAW_SCHEMA))
             buffer.clear()
+            appended()
 
     try:
         for done in engine.generate(_requests(queue, budget), sampling):

@@ -45,8 +45,8 @@ from .drafter.training import (
 )
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
-from .runtime.files import ChecksumError, verify_checksum, write_csv, write_json
-from .runtime.outputs import empty_dir, output_lock, remove_stale_temps, remove_stale_temps_around
+from .runtime.files import ChecksumError, remove_path, verify_checksum, write_csv, write_json
+from .runtime.outputs import LOCK_NAME, output_lock, remove_stale_temps, remove_stale_temps_around
 from .target.weights import embedding_and_head
 from .wiring.online import online_features
 
@@ -108,19 +108,62 @@ def run_identity(p: config.TrainParams, features: str, vocab_file: Path) -> dict
     }
 
 
+EARLIER = "earlier"  # in the checkpoint folder: another run's checkpoints, kept aside
+
+
 def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
     """Keep checkpoints only when they belong to this exact run (params, features, vocab) and
-    were written in this checkpoint format; drop what a killed run left half-written."""
+    were written in this checkpoint format; drop what a killed run left half-written. Another
+    run's checkpoints are kept aside in `earlier/` until this run completes (a run that fails
+    leaves them), and come back when the params are set back to theirs."""
     run = {"checkpoint_format": CHECKPOINT_FORMAT, **run}
-    run_file = checkpoint_dir / "run.json"
-    if run_file.exists() and json.loads(run_file.read_text()) != json.loads(json.dumps(run)):
-        print(
-            f"[train] params, features, vocab or checkpoint format changed: starting over "
-            f"in {checkpoint_dir}"
-        )
-        empty_dir(checkpoint_dir)  # all but the lock this process holds
+    run_file, aside = checkpoint_dir / "run.json", checkpoint_dir / EARLIER
+    if run_file.exists() and not _same_run(run_file, run):
+        if _same_run(aside / "run.json", run):
+            print(f"[train] the params are the earlier run's again: resuming it from {aside}")
+            _keep_aside(checkpoint_dir, aside, back=True)
+        else:
+            print(
+                f"[train] params, features, vocab or checkpoint format changed: starting over "
+                f"in {checkpoint_dir}, the earlier checkpoints kept in {aside} until this run "
+                f"completes"
+            )
+            _keep_aside(checkpoint_dir, aside, back=False)
     remove_stale_temps(checkpoint_dir)  # a killed run's half-saved checkpoint
     write_json(run, run_file)
+
+
+def _same_run(run_file: Path, run: dict) -> bool:
+    return run_file.exists() and json.loads(run_file.read_text()) == json.loads(json.dumps(run))
+
+
+def _keep_aside(checkpoint_dir: Path, aside: Path, back: bool) -> None:
+    """Put the folder's run aside (replacing one kept there), or, `back`, swap it with the one
+    aside. A run with no checkpoint yet (it failed before its first) has nothing to keep: it is
+    dropped, and a run already aside stays there."""
+    here = [p for p in checkpoint_dir.iterdir() if p.name not in (LOCK_NAME, EARLIER)]
+    if not any(p.suffix == ".pt" for p in here):
+        for p in here:
+            remove_path(p)
+        here = []
+    if not back:
+        if here:
+            remove_path(aside)
+            aside.mkdir()
+            for p in here:
+                p.rename(aside / p.name)
+        return
+    staging = checkpoint_dir / f".{EARLIER}-swap"
+    remove_path(staging)
+    staging.mkdir()
+    for p in here:
+        p.rename(staging / p.name)
+    for p in aside.iterdir():
+        p.rename(checkpoint_dir / p.name)
+    remove_path(aside)
+    if here:
+        staging.rename(aside)
+    remove_path(staging)
 
 
 def main(
@@ -218,6 +261,7 @@ def _train(
         _export_best(drafter, checkpoint_dir, out_dir, target_config, p, meta)
         features_from = f"online {meta.engine or 'hf'}" if online else "stored"
         _write_reports(history, s, p, rank.world, features_from, report, plots)
+        remove_path(checkpoint_dir / EARLIER)  # this run is complete: the earlier one goes
 
 
 def _servable_drafter(

@@ -56,6 +56,11 @@ def parts(directory: Path) -> list[Path]:
     return sorted(p for p in Path(directory).glob("part-*.parquet") if _PART.search(p.name))
 
 
+def part_fingerprints(path: Path) -> set[str]:
+    """The generation fingerprints of one part's rows."""
+    return set(pq.read_table(path, columns=["fingerprint"]).column(0).to_pylist())
+
+
 def verified_parts(directory: Path) -> list[Path]:
     """The parts, each checked against its recorded size and sha256; ChecksumError names the
     first one that is not what was written."""

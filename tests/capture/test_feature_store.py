@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,8 +17,9 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from stages import config
+from stages import extract as extract_stage
 from stages import train as train_stage
-from stages.artifacts.hidden import HiddenStates, collate, label_positions, read_meta
+from stages.artifacts.hidden import HiddenStates, collate, label_positions, read_meta, shard_files
 from stages.drafter.training import Objective, train
 from stages.extract import extract
 from stages.target.weights import embedding_and_head
@@ -227,3 +229,38 @@ def test_changing_the_store_extracts_again(stores, tmp_path, capsys):
     assert meta["store"] == "supervised" and meta["fingerprint"] != before
     index = pq.read_table(hidden / "index.parquet").to_pylist()
     assert index == pq.read_table(stores["supervised"] / "index.parquet").to_pylist()
+
+
+def shard_bytes(hidden_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in shard_files(hidden_dir)}
+
+
+def test_a_changed_store_that_fails_keeps_the_shards_it_has_not_replaced(
+    stores, tmp_path, monkeypatch
+):
+    """Each earlier shard stays until this run's shard of its number lands: a run under other
+    settings that fails after its first shard leaves every other shard as it was; the run then
+    completed leaves exactly a fresh extraction's shards."""
+    hidden = tmp_path / "hidden"
+    shutil.copytree(stores["all"], hidden)
+    earlier, fresh = shard_bytes(hidden), shard_bytes(stores["supervised"])
+    assert len(earlier) >= 3
+    supervised = config.ExtractParams(**EXTRACT, store="supervised")
+    rows = extract_stage.shard_rows
+
+    def failing_after_one(*args):
+        for n, item in enumerate(rows(*args)):
+            if n == 1:
+                raise OSError("disk gone")
+            yield item
+
+    with monkeypatch.context() as m:
+        m.setattr(extract_stage, "shard_rows", failing_after_one)
+        with pytest.raises(OSError, match="disk gone"):
+            extract(stores["all"].parent / "merged", hidden, supervised, TARGET)
+    now = shard_bytes(hidden)
+    assert set(now) == set(earlier)
+    assert all(now[k] in (earlier[k], fresh.get(k)) for k in now)  # as it was, or replaced
+    assert sum(now[k] == earlier[k] for k in now) >= len(earlier) - 1
+    extract(stores["all"].parent / "merged", hidden, supervised, TARGET)
+    assert shard_bytes(hidden) == fresh

@@ -87,6 +87,10 @@ MISTAKES = [
     ("benchmark.num_steps 0", setter("benchmark", "num_steps", value=0), "num_steps"),
     ("benchmark.mode x", setter("benchmark", "mode", value="served"), "benchmark.mode"),
     ("report.max_chars 0", setter("report", "max_chars", value=0), "report.max_chars"),
+    # values a stage refused only once it ran, after generate had emptied data/raw
+    ("target.dtype float8", setter("target", "dtype", value="float8"), "target.dtype"),
+    ("target.device gpu", setter("target", "device", value="gpu"), "target.device"),
+    ("train.device tpu", setter("train", "device", value="tpu"), "train.device"),
 ]
 
 

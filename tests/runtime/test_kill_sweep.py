@@ -30,6 +30,9 @@ After the kill the outputs hold no temp file but the killed process's; after the
 file and no lock anywhere, and against the uninterrupted run:
 - generate: the same output ids per sample and turn, each stored once (one compacted part), and
   exactly the turns the kill had not saved generated again;
+- replace: generate again over an earlier generation under another fingerprint (shorter
+  replies); killed before its first turns landed, the earlier parts are there, unchanged and
+  readable; the rerun ends as generate's uninterrupted run, the earlier data gone;
 - extract: every file of data/hidden (shards, checksums, index.parquet, meta.json) bit for bit,
   and no shard that was in place at the kill extracted again;
 - train: last.pt and best.pt weights, the export, the curves and train.json (all but timings)
@@ -56,6 +59,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -63,7 +67,7 @@ import torch
 import yaml
 
 from stages.artifacts.hidden import shard_files
-from stages.artifacts.raw import parts, read_raw
+from stages.artifacts.raw import part_fingerprints, parts, read_raw
 from stages.cli import run
 from stages.runtime.files import checksum_problem
 from stages.runtime.outputs import LOCK_NAME
@@ -243,6 +247,59 @@ def curve_steps(root: Path) -> list[int]:
         return [int(row["step"]) for row in csv.DictReader(f)]
 
 
+EARLIER = Path(".sweep-earlier")  # in the project copy: the generation a replacement replaces
+
+
+def earlier_fingerprints(project: Path) -> set[str]:
+    return {fp for f in parts(project / EARLIER / "raw") for fp in part_fingerprints(f)}
+
+
+def replace_saved(project: Path) -> tuple[int, str | None]:
+    """The turns the replacement had appended, and, when it had appended none, what of the
+    earlier generation is not as it was (None: every part there, unchanged and readable)."""
+    out = project / f"data/raw/{DATASET}"
+    here = parts(out) if out.exists() else []
+    old = earlier_fingerprints(project)
+    new = [f for f in here if not part_fingerprints(f) <= old]
+    if new:
+        return sum(pq.read_metadata(f).num_rows for f in new), None
+    earlier = {f.name: f.read_bytes() for f in parts(project / EARLIER / "raw")}
+    if {f.name: f.read_bytes() for f in here} != earlier or any(map(checksum_problem, here)):
+        return 0, f"before any new turn landed the earlier parts are {[f.name for f in here]}"
+    return 0, None
+
+
+def replace_findings(project: Path, reference: Path, saved: tuple, output: str) -> Findings:
+    found = generate_findings(project, reference, saved[0], output)
+    if saved[1]:
+        found.lost.append(saved[1])
+    return found
+
+
+def put_earlier(project: Path) -> None:
+    """data/raw/<dataset> as the earlier generation left it."""
+    copy(project / EARLIER / "raw", project / f"data/raw/{DATASET}")
+
+
+def earlier_generation(project: Path) -> None:
+    """The dataset generated once with replies of another length: another fingerprint."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["generate"]["max_new_tokens"] = 32
+    (project / EARLIER).mkdir()
+    (project / EARLIER / "params.yaml").write_text(yaml.safe_dump(params))
+    _, _, module, *args = command(f"generate@{DATASET}")
+    args[args.index("--out") + 1] = str(EARLIER / "raw")
+    args[args.index("--report") + 1] = str(EARLIER / "report.json")
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args, "--params", str(EARLIER / "params.yaml")],
+        cwd=project,
+        env=run_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 @dataclass(frozen=True)
 class Stage:
     """A stage the sweep kills: its name in dvc.yaml, what it writes (removed before each run),
@@ -254,7 +311,8 @@ class Stage:
     inputs: tuple[str, ...]
     lock: str
     saved: Callable[[Path], object]
-    findings: Callable[[Path, Path, object, str], Findings]
+    findings: Callable[[Path, Path, Any, str], Findings]
+    setup: Callable[[Path], None] | None = None  # what the run starts from, after the reset
 
 
 STAGES = {
@@ -265,6 +323,15 @@ STAGES = {
         f"data/raw/{DATASET}/{LOCK_NAME}",
         generate_saved,
         generate_findings,
+    ),
+    "replace": Stage(
+        f"generate@{DATASET}",
+        (f"data/raw/{DATASET}", f"reports/generate/{DATASET}.json"),
+        (),
+        f"data/raw/{DATASET}/{LOCK_NAME}",
+        replace_saved,
+        replace_findings,
+        put_earlier,
     ),
     "extract": Stage(
         "extract",
@@ -381,7 +448,7 @@ def lock_holder(lock: Path, proc: subprocess.Popen, log: Path) -> int:
 
 def reference_run(sweep: Sweep, stage: Stage) -> Reference:
     """The uninterrupted run, writes recorded; its outputs are kept aside as the reference."""
-    record = sweep.logs / f"record-{stage.name}"
+    record = sweep.logs / f"record-{stage.name}-{len(sweep.runs)}"  # generate's twice
     record.mkdir()
     log = sweep.logs / f"{stage.name}-reference.log"
     env = run_env(RECORD_DIR=str(record), RECORD_ROOT=str(sweep.project))
@@ -448,6 +515,9 @@ def sweep(tmp_path_factory, demo_target, request):
             run_in_process(name)
     for name in ("extract", "train"):
         sweep.runs[name] = reference_run(sweep, STAGES[name])
+    earlier_generation(sweep.project)
+    reset(sweep, STAGES["replace"])
+    sweep.runs["replace"] = reference_run(sweep, STAGES["replace"])  # outputs as generate's
     yield sweep
     if sweep.outcomes:  # printed past pytest's capture, as `capsys.disabled()` does
         with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
@@ -575,6 +645,8 @@ def reset(sweep: Sweep, stage: Stage) -> None:
     for rel in stage.inputs:
         remove(sweep.project / rel)
         copy(sweep.reference / rel, sweep.project / rel)
+    if stage.setup:
+        stage.setup(sweep.project)
 
 
 POINT_PARAMS = [point for stage in STAGES for point in kill_points(stage, POINTS)]

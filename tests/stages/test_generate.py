@@ -5,8 +5,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from stages import config, generate
-from stages.artifacts.raw import parts, read_raw
-from stages.engines import Sampling
+from stages.artifacts.raw import part_fingerprints, parts, read_raw
+from stages.engines import EngineError, Sampling
 from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
 from stages.target.model import load_causal_lm
@@ -102,6 +102,87 @@ def test_changed_sampling_regenerates(tmp_path, prompts, engine):
     assert set(read_raw(out).column("fingerprint").to_pylist()) == {hot["fingerprint"]}
 
 
+def part_bytes(directory):
+    return {f.name: f.read_bytes() for f in sorted(directory.iterdir())}
+
+
+class Failing:
+    """An engine that fails before its first reply: a server down, a wrong URL."""
+
+    name = "hf"
+
+    def generate(self, requests, sampling: Sampling):
+        raise EngineError("connection refused")
+        yield
+
+
+@pytest.mark.slow
+def test_a_changed_fingerprint_keeps_the_earlier_data_until_the_first_append(
+    tmp_path, prompts, engine, capsys
+):
+    """A sampling change whose run fails before its first append leaves the earlier raw data
+    as it was, byte for byte, and says so; one killed after its first append leaves only the
+    new turns; the run then completed leaves only the new data."""
+    out = tmp_path / "raw"
+    earlier = generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
+    before = part_bytes(out)
+    hot = gen_params(temperature=0.8)
+    with pytest.raises(EngineError, match="connection refused"):
+        generate_dataset("d", prompts, out, hot, 10**6, TARGET, Failing())
+    assert part_bytes(out) == before
+    assert "is kept as it was" in capsys.readouterr().out
+    with pytest.raises(KeyboardInterrupt):
+        generate_dataset("d", prompts, out, hot, 10**6, TARGET, Crashing(engine, 3))
+    kept = read_raw(out)
+    assert (
+        kept.num_rows == 2 and earlier["fingerprint"] not in kept.column("fingerprint").to_pylist()
+    )
+    done = generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
+    assert done["samples"] == 8 and done["new_samples"] == 6
+    assert set(read_raw(out).column("fingerprint").to_pylist()) == {done["fingerprint"]}
+
+
+@pytest.mark.slow
+def test_a_kill_between_the_first_append_and_the_removal_loses_nothing(
+    tmp_path, prompts, engine, monkeypatch
+):
+    """Killed after the new generation's first part landed but before the earlier parts went:
+    the rerun finds the replacement begun, removes the earlier parts and continues."""
+    out = tmp_path / "raw"
+    generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
+    hot = gen_params(temperature=0.8)
+
+    def killed(self):
+        raise KeyboardInterrupt("killed between the append and the removal")
+
+    with monkeypatch.context() as m:
+        m.setattr(generate._Earlier, "begun", killed)
+        with pytest.raises(KeyboardInterrupt):
+            generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
+    assert len({fp for f in parts(out) for fp in part_fingerprints(f)}) == 2  # both there
+    done = generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
+    assert done["samples"] == 8 and done["new_samples"] == 6
+    assert set(read_raw(out).column("fingerprint").to_pylist()) == {done["fingerprint"]}
+
+
+def test_a_dtype_the_server_never_reads_keeps_its_generation(
+    tmp_path, prompts, engine, monkeypatch
+):
+    """Under a server engine target.dtype shapes no token (the server's launch does): editing
+    it keeps data/raw as it was and starts no engine; under the hf engine it regenerates."""
+    out = tmp_path / "raw"
+    served = gen_params(engine="sglang")
+    first = generate_dataset("d", prompts, out, served, 10**6, TARGET, engine)
+    before = part_bytes(out)
+    monkeypatch.setattr(generate, "make_engine", lambda *_: pytest.fail("an engine was built"))
+    bf16 = config.TargetParams(**{**TARGET.__dict__, "dtype": "bfloat16"})
+    again = generate_dataset("d", prompts, out, served, 10**6, bf16)
+    assert again["new_samples"] == 0 and again["fingerprint"] == first["fingerprint"]
+    assert part_bytes(out) == before
+    hf = generate.fingerprint(TARGET, Sampling(max_new_tokens=12), "last_turn", "hf")
+    assert hf != generate.fingerprint(bf16, Sampling(max_new_tokens=12), "last_turn", "hf")
+
+
 def test_rows_carry_the_contract(tmp_path, prompts, engine):
     out = tmp_path / "raw"
     generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
@@ -117,16 +198,16 @@ def test_nothing_left_to_generate_starts_no_engine(tmp_path, prompts, engine, mo
     """A rerun with every sample done, or the budget spent, builds no engine: with `launch` set
     that would start a server (tens of minutes for a large target) to find nothing to do."""
     out = tmp_path / "raw"
-    generate_dataset("d", prompts, out, gen_params(), budget, TARGET, engine)
+    sglang = gen_params(
+        engine="sglang",
+        sglang=config.SGLangParams(launch=config.SGLangLaunchParams(module="sglang.launch_server")),
+    )
+    generate_dataset("d", prompts, out, sglang, budget, TARGET, engine)  # its ids, as served
 
     def no_engine(*_):
         raise AssertionError("an engine was built with nothing left to generate")
 
     monkeypatch.setattr(generate, "make_engine", no_engine)
-    sglang = gen_params(
-        engine="sglang",
-        sglang=config.SGLangParams(launch=config.SGLangLaunchParams(module="sglang.launch_server")),
-    )
     again = generate_dataset("d", prompts, out, sglang, budget, TARGET)
     assert again["new_samples"] == 0 and again["engine"] == "sglang"
     if budget == 30:  # samples are left: a raised budget does build one (the patch is live)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import yaml
 
 from stages.config import TrainParams
-from stages.train import CHECKPOINT_FORMAT, SPEED_ONLY, run_identity, start_or_resume
+from stages.train import CHECKPOINT_FORMAT, EARLIER, SPEED_ONLY, run_identity, start_or_resume
 from tests.conftest import ROOT
 
 RUN = {"train": {"lr": 0.001}, "hidden": "abc", "vocab": "def"}
@@ -43,6 +43,27 @@ def test_changed_params_start_over(tmp_path):
     directory = checkpoints_of(tmp_path, {"checkpoint_format": CHECKPOINT_FORMAT, **RUN})
     start_or_resume(directory, {**RUN, "train": {"lr": 0.002}})
     assert not (directory / "last.pt").exists()
+    assert (directory / EARLIER / "last.pt").read_bytes() == b"weights"  # kept aside
+
+
+def test_the_earlier_run_is_kept_until_a_changed_run_completes_and_comes_back(tmp_path):
+    """A changed run that fails before its first checkpoint keeps the earlier one aside (a
+    second change does not replace it with nothing); set back, the earlier run resumes; a run
+    with checkpoints of its own is kept aside in turn."""
+    first = {"checkpoint_format": CHECKPOINT_FORMAT, **RUN}
+    directory = checkpoints_of(tmp_path, first)
+    other, third = {**RUN, "train": {"lr": 0.002}}, {**RUN, "train": {"lr": 0.003}}
+    start_or_resume(directory, other)  # ... and failed before its first checkpoint
+    start_or_resume(directory, third)  # ... and failed too
+    assert (directory / EARLIER / "last.pt").read_bytes() == b"weights"
+    start_or_resume(directory, RUN)
+    assert (directory / "last.pt").read_bytes() == b"weights" and not (directory / EARLIER).exists()
+    assert json.loads((directory / "run.json").read_text()) == first
+    start_or_resume(directory, other)
+    (directory / "last.pt").write_bytes(b"other weights")  # its first checkpoint
+    start_or_resume(directory, RUN)  # set back once more: the two swap
+    assert (directory / "last.pt").read_bytes() == b"weights"
+    assert (directory / EARLIER / "last.pt").read_bytes() == b"other weights"
 
 
 def test_speed_only_params_resume_and_the_others_start_over(tmp_path):
