@@ -47,13 +47,10 @@ from .wiring.engines import make_engine, sampling_for
 from .wiring.target import target_fingerprint, target_roles, target_tokenizer
 
 
-def fingerprint(
-    target: config.TargetParams, sampling: Sampling, regenerate: str, engine: str = "hf"
-) -> str:
-    """Everything that shapes the generated tokens under `engine`; a change regenerates the
-    dataset."""
+def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str) -> str:
+    """Everything that shapes the generated tokens; a change regenerates the dataset."""
     payload = json.dumps(
-        [target_fingerprint(target, engine), sampling.__dict__, regenerate], sort_keys=True
+        [target_fingerprint(target), sampling.__dict__, regenerate], sort_keys=True
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
@@ -129,7 +126,7 @@ def _generate_dataset(
     roles = target_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
     prompts, settings = read_prompts(prompts_path)
-    fp = fingerprint(target, sampling, settings.regenerate, gen.engine)
+    fp = fingerprint(target, sampling, settings.regenerate)
     existing, earlier = _resumable_raw(name, out_dir, fp)
     wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
     existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))

@@ -41,13 +41,10 @@ def target_roles(target: config.TargetParams, tokenizer) -> TokenRoles:
         return learn_roles(tokenizer, target.roles)
 
 
-def target_fingerprint(target: config.TargetParams, engine: str = "hf") -> str:
-    """Changes with the model, its template and everything in params that shapes its tokens
-    under `engine`: target.dtype only where the target runs in this process (hf); a server
-    runs it in the dtype of its own launch."""
-    settings = [target.template_kwargs, target.roles]
+def target_fingerprint(target: config.TargetParams) -> str:
+    """Changes with the model, its template and everything in params that shapes its tokens."""
     return model_fingerprint(
-        target.path, target.chat_template, settings + [target.dtype] if engine == "hf" else settings
+        target.path, target.chat_template, [target.template_kwargs, target.roles, target.dtype]
     )
 
 

@@ -165,24 +165,6 @@ def test_a_kill_between_the_first_append_and_the_removal_loses_nothing(
     assert set(read_raw(out).column("fingerprint").to_pylist()) == {done["fingerprint"]}
 
 
-def test_a_dtype_the_server_never_reads_keeps_its_generation(
-    tmp_path, prompts, engine, monkeypatch
-):
-    """Under a server engine target.dtype shapes no token (the server's launch does): editing
-    it keeps data/raw as it was and starts no engine; under the hf engine it regenerates."""
-    out = tmp_path / "raw"
-    served = gen_params(engine="sglang")
-    first = generate_dataset("d", prompts, out, served, 10**6, TARGET, engine)
-    before = part_bytes(out)
-    monkeypatch.setattr(generate, "make_engine", lambda *_: pytest.fail("an engine was built"))
-    bf16 = config.TargetParams(**{**TARGET.__dict__, "dtype": "bfloat16"})
-    again = generate_dataset("d", prompts, out, served, 10**6, bf16)
-    assert again["new_samples"] == 0 and again["fingerprint"] == first["fingerprint"]
-    assert part_bytes(out) == before
-    hf = generate.fingerprint(TARGET, Sampling(max_new_tokens=12), "last_turn", "hf")
-    assert hf != generate.fingerprint(bf16, Sampling(max_new_tokens=12), "last_turn", "hf")
-
-
 def test_rows_carry_the_contract(tmp_path, prompts, engine):
     out = tmp_path / "raw"
     generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
