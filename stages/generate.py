@@ -13,7 +13,6 @@ Writes reports/generate/<name>.json.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,8 +29,9 @@ from .artifacts.raw import (
     append_part,
     compact,
     drop_corrupt_parts,
+    facts_fingerprint,
     last_turns,
-    part_fingerprints,
+    part_facts,
     parts,
     read_raw,
 )
@@ -44,15 +44,21 @@ from .serving.monitor import Backlog, GenerationMonitor, run_backlog
 from .target.history import HistoryRenderer
 from .target.tokens import TokenRoles, analyze_output
 from .wiring.engines import make_engine, sampling_for
-from .wiring.target import target_fingerprint, target_roles, target_tokenizer
+from .wiring.generation import engine_facts, recipe_facts
+from .wiring.target import target_roles, target_tokenizer
 
-
-def fingerprint(target: config.TargetParams, sampling: Sampling, regenerate: str) -> str:
-    """Everything that shapes the generated tokens; a change regenerates the dataset."""
-    payload = json.dumps(
-        [target_fingerprint(target), sampling.__dict__, regenerate], sort_keys=True
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+# Where each generation fact comes from, for the line that says which one changed.
+FACT_SOURCES = {
+    "model_files": "the files in target.path or the transformers version",
+    "chat_template": "target.chat_template's file",
+    "template_kwargs": "target.template_kwargs",
+    "roles": "target.roles",
+    "sampling": "generate's sampling values",
+    "regenerate": "datasets.<name>.prep.regenerate",
+    "dtype": "target.dtype under the hf engine, the server's --dtype under sglang",
+    "quantization": "the server's --quantization",
+    "served_model": "the model the server serves (its /server_info model_path)",
+}
 
 
 def history_renderer(renderer: HistoryRenderer) -> RenderPrompt:
@@ -68,7 +74,7 @@ def history_renderer(renderer: HistoryRenderer) -> RenderPrompt:
 
 
 def completion_row(
-    prompt: dict, done: Completion, roles: TokenRoles, engine: str, fp: str, tokenizer
+    prompt: dict, done: Completion, roles: TokenRoles, engine: str, facts: dict, tokenizer
 ) -> dict:
     anatomy = analyze_output(done.output_ids, roles, prompt["reasoning_open"])
     return dict(
@@ -83,7 +89,8 @@ def completion_row(
         error=done.error,
         latency_s=done.latency_s,
         engine=engine,
-        fingerprint=fp,
+        fingerprint=facts_fingerprint(facts),
+        generated_by=json.dumps(facts, sort_keys=True),
         output_text=tokenizer.decode(done.output_ids, skip_special_tokens=False),
     )
 
@@ -126,16 +133,28 @@ def _generate_dataset(
     roles = target_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
     prompts, settings = read_prompts(prompts_path)
-    fp = fingerprint(target, sampling, settings.regenerate)
-    existing, earlier = _resumable_raw(name, out_dir, fp)
+    recipe = recipe_facts(target, sampling, settings.regenerate)
+    facts = _facts_known(recipe, engine, gen, target)
+    existing, earlier = _resumable_raw(name, out_dir, recipe, facts)
     wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
-    existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
-    budget = _Budget(budget_tokens, pc.sum(existing.column("completion_tokens")).as_py() or 0)
-    queue = _turn_queue(prompts, existing, settings, roles, tokenizer, target.template_kwargs)
+
+    def planned(existing: pa.Table) -> tuple[pa.Table, _Budget, TurnQueue]:
+        existing = existing.filter(pc.is_in(existing.column("sample_id"), wanted))
+        budget = _Budget(budget_tokens, pc.sum(existing.column("completion_tokens")).as_py() or 0)
+        queue = _turn_queue(prompts, existing, settings, roles, tokenizer, target.template_kwargs)
+        return existing, budget, queue
+
+    existing, budget, queue = planned(existing)
+    fp = _kept_fingerprint(existing)
     start = time.monotonic()
     with earlier.kept_unless_begun():
         if budget.used < budget.limit and queue.has_unsent():  # else no engine is started
             engine = engine or make_engine(gen, target, tokenizer)
+            if facts is None:
+                facts = recipe | engine_facts(engine, target)
+                if earlier.served_otherwise(facts, fp):
+                    existing, budget, queue = planned(RAW_SCHEMA.empty_table())
+            fp = facts_fingerprint(facts)
             monitor = _monitor(name, engine, queue, existing.num_rows, budget, others)
             _generate_turns(
                 engine,
@@ -146,7 +165,7 @@ def _generate_dataset(
                 out_dir,
                 gen.append_every,
                 lambda prompt, done: completion_row(
-                    prompt, done, roles, engine.name, fp, tokenizer
+                    prompt, done, roles, engine.name, facts, tokenizer
                 ),
                 earlier.begun,
             )
@@ -157,6 +176,20 @@ def _generate_dataset(
     table = _compacted(out_dir, wanted)
     engine_name = engine.name if engine else gen.engine
     return _report(name, fp, engine_name, table, wanted, existing, queue, budget, elapsed)
+
+
+def _facts_known(recipe: dict, engine, gen: config.GenerateParams, target) -> dict | None:
+    """The generation facts before any engine is started: the hf engine's are in params, a
+    server's are known once it answers (None until then)."""
+    if engine is None and gen.engine != "hf":
+        return None
+    return recipe | engine_facts(engine, target)
+
+
+def _kept_fingerprint(existing: pa.Table) -> str | None:
+    """The fingerprint of the turns kept from earlier runs (one: the others were set aside)."""
+    kept = set(existing.column("fingerprint").to_pylist())
+    return kept.pop() if len(kept) == 1 else None
 
 
 @dataclass
@@ -174,29 +207,63 @@ class _Budget:
         self.tokens = self.used
 
 
-def _resumable_raw(name: str, out_dir: Path, fp: str) -> tuple[pa.Table, _Earlier]:
+def _resumable_raw(
+    name: str, out_dir: Path, recipe: dict, facts: dict | None
+) -> tuple[pa.Table, _Earlier]:
     """The raw turns earlier runs left that this run continues from (a killed run's temporary
     files and corrupt parts go: their turns are generated again), and the parts of an earlier
-    generation under another fingerprint, which stay until this run's first turns land."""
+    generation under other facts, which stay until this run's first turns land. With `facts`
+    None (a server not asked yet) the parts are matched on the `recipe` alone."""
     remove_stale_temps(out_dir)
     for part, problem in drop_corrupt_parts(out_dir):
         print(f"[generate {name}] {part}: {problem}; removed, its turns are generated again")
-    by_part = {part: part_fingerprints(part) for part in parts(out_dir)}
-    earlier = _Earlier(name, out_dir, [p for p, fps in by_part.items() if fp not in fps])
-    if len(earlier.parts) < len(by_part):  # this run's fingerprint already holds parts
-        earlier.begun()  # a replacement had begun (a run under fp appended, then stopped)
+    by_part = {part: part_facts(part) for part in parts(out_dir)}
+    if facts is not None:
+        fp = facts_fingerprint(facts)
+        current = [p for p, fps in by_part.items() if fp in fps]
+    else:
+        current = [p for p, fps in by_part.items() if all(_holds(f, recipe) for f in fps.values())]
+        last = set(by_part[current[-1]]) if current else set()
+        current = [p for p in current if set(by_part[p]) <= last]  # a replacement's, if begun
+    earlier = _Earlier(name, out_dir, [p for p in by_part if p not in current])
+    if current:
+        earlier.begun()  # any other parts: a replacement had begun (appended, then stopped)
         return read_raw(out_dir), earlier
     if not by_part:
         return RAW_SCHEMA.empty_table(), earlier
-    found = sorted(set().union(*by_part.values()))
-    existing = read_raw(out_dir)
-    print(
-        f"[generate {name}] the raw data in {out_dir} was generated under fingerprint(s) "
-        f"{', '.join(map(str, found))}, this run's is {fp}: the model, template, sampling or "
-        f"regenerate mode changed, so {name} is generated again from the start; its "
-        f"{existing.num_rows} earlier turns stay until this run's first turns are appended"
-    )
+    before = next(f for fps in by_part.values() for f in fps.items())
+    earlier.starting_over(before, recipe if facts is None else facts)
     return RAW_SCHEMA.empty_table(), earlier
+
+
+def _holds(facts: dict | None, recipe: dict) -> bool:
+    return facts is not None and all(facts.get(k) == v for k, v in recipe.items())
+
+
+def changes(before: tuple[str, dict | None], now: dict) -> str:
+    """Which generation facts differ between an earlier fingerprint's and this run's, each with
+    its values and where it comes from (only a fingerprint where the earlier rows predate the
+    recorded facts)."""
+    fp, facts = before
+    if facts is None:
+        return (
+            f"fingerprint {fp} (from before the facts were recorded), now {facts_fingerprint(now)}"
+        )
+    lines = []
+    for key, value in now.items():
+        was = facts.get(key)
+        if was == value:
+            continue
+        if isinstance(was, dict) and isinstance(value, dict):
+            inner = [
+                f"{key}.{k} {was.get(k)!r} -> {value.get(k)!r}"
+                for k in sorted(was.keys() | value.keys())
+                if was.get(k) != value.get(k)
+            ]
+            lines.append(f"{', '.join(inner)} ({FACT_SOURCES.get(key, key)})")
+        else:
+            lines.append(f"{key} {was!r} -> {value!r} ({FACT_SOURCES.get(key, key)})")
+    return "; ".join(lines) or f"fingerprint {fp}, now {facts_fingerprint(now)}"
 
 
 @dataclass
@@ -227,6 +294,24 @@ class _Earlier:
                 )
             raise
         self.begun()
+
+    def served_otherwise(self, facts: dict, kept: str | None) -> bool:
+        """Whether the kept turns were generated under other server facts than `facts` (the
+        recipe alone matched them): then they too stay only until this run's first append."""
+        if kept is None or kept == facts_fingerprint(facts):
+            return False
+        before = next(f for p in parts(self.out_dir) for f in part_facts(p).items() if f[0] == kept)
+        self.parts = parts(self.out_dir)
+        self.starting_over(before, facts)
+        return True
+
+    def starting_over(self, before: tuple[str, dict | None], now: dict) -> None:
+        turns = read_raw(self.out_dir).num_rows
+        print(
+            f"[generate {self.name}] the raw data in {self.out_dir} was generated otherwise: "
+            f"{changes(before, now)}; so {self.name} is generated again from the start; its "
+            f"{turns} earlier turns stay until this run's first turns are appended"
+        )
 
 
 def _turn_queue(
@@ -331,7 +416,7 @@ def _compacted(out_dir: Path, wanted: pa.Array) -> pa.Table:
 
 def _report(
     name: str,
-    fp: str,
+    fp: str | None,
     engine_name: str,
     table: pa.Table,
     wanted: pa.Array,

@@ -13,6 +13,8 @@ and a generation rerun drops it and generates its turns again (`drop_corrupt_par
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -42,6 +44,9 @@ RAW_SCHEMA = pa.schema(
         ("latency_s", pa.float32()),
         ("engine", pa.string()),
         ("fingerprint", pa.string()),
+        # the values the fingerprint hashes, as JSON (generated_by): which one changed is named
+        # when a rerun starts over (null in raw data written before the column existed)
+        ("generated_by", pa.string()),
         ("output_text", pa.string()),
         # the prompts file's mode: last_turn | all_turns | all_turns_rendered (null in raw data
         # written before the column existed, which knew no rendered turns)
@@ -59,6 +64,23 @@ def parts(directory: Path) -> list[Path]:
 def part_fingerprints(path: Path) -> set[str]:
     """The generation fingerprints of one part's rows."""
     return set(pq.read_table(path, columns=["fingerprint"]).column(0).to_pylist())
+
+
+def facts_fingerprint(facts: dict) -> str:
+    """The generation fingerprint: a hash of every value that shapes the generated tokens."""
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def part_facts(path: Path) -> dict[str, dict | None]:
+    """Per fingerprint among one part's rows, the values it hashes (None where the rows predate
+    the generated_by column)."""
+    names = set(pq.read_schema(path).names)
+    columns = ["fingerprint", "generated_by"] if "generated_by" in names else ["fingerprint"]
+    rows = pq.read_table(path, columns=columns).to_pylist()
+    return {
+        row["fingerprint"]: json.loads(row["generated_by"]) if row.get("generated_by") else None
+        for row in rows
+    }
 
 
 def verified_parts(directory: Path) -> list[Path]:

@@ -26,6 +26,7 @@ from collections.abc import Generator, Iterable, Iterator
 from typing import NamedTuple
 
 import aiohttp
+import httpx
 
 from . import (
     STALLED,
@@ -43,6 +44,34 @@ from . import (
 RETRY_STATUS = frozenset({408, 429})
 AUTH_STATUS = frozenset({401, 403})  # SGLang's --api-key answers 401: never retried
 JSON_HEADERS = {"Content-Type": "application/json"}
+INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name
+# What a server's /server_info says that shapes its tokens, under the generation facts' names.
+SERVED_FACTS = {"served_model": "model_path", "dtype": "dtype", "quantization": "quantization"}
+
+
+def get_json(url: str, api_key: str | None, timeout_s: float) -> object:
+    """The JSON a GET of `url` answers, None for another status or a body that is not JSON;
+    AuthError when the server refuses `api_key` (or its absence). A server that is not there
+    raises httpx.HTTPError."""
+    response = httpx.get(url, timeout=timeout_s, trust_env=False, headers=bearer_headers(api_key))
+    if response.status_code in AUTH_STATUS:
+        raise auth_failure(url, response.status_code, response.text[:200], api_key)
+    if response.status_code != 200:
+        return None
+    try:
+        return response.json()
+    except ValueError:
+        return None
+
+
+def server_info(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> dict:
+    """A server's resolved launch settings (/server_info, or its older name); {} when it has
+    neither. SGLang's answer holds its --api-key too: never print it whole."""
+    for path in INFO_PATHS:
+        answer = get_json(f"{url}{path}", api_key, timeout_s)
+        if isinstance(answer, dict):
+            return answer
+    return {}
 
 
 class _End(enum.Enum):
@@ -329,6 +358,27 @@ class SGLangEngine:
     def api_key(self) -> str | None:
         """The key sent with every request (for the monitor's /metrics); never printed."""
         return self._api_key
+
+    def facts(self) -> dict:
+        """What the servers report that shapes their tokens (SERVED_FACTS; None where a server
+        does not say), the same for all of them: servers launched otherwise refuse the run."""
+        reported = {}
+        for url in self.urls:
+            try:
+                info = server_info(url, self._api_key, self.connect_timeout_s)
+            except httpx.HTTPError as err:
+                raise SGLangError(
+                    f"{url}/server_info: {type(err).__name__}: {self._redact(str(err))}. Check "
+                    f"that the servers ({', '.join(self.urls)}) are up"
+                ) from None
+            reported[url] = {name: info.get(key) for name, key in SERVED_FACTS.items()}
+        first = reported[self.urls[0]]
+        if any(facts != first for facts in reported.values()):
+            raise SGLangError(
+                f"the servers report different models or settings ({reported}): one dataset's "
+                f"replies must come from one target; launch them alike"
+            )
+        return first
 
     def _redact(self, text: str) -> str:
         return redact(text, self._api_key)

@@ -20,13 +20,12 @@ from pathlib import Path
 
 import httpx
 
-from ..engines import Sampling, auth_failure, bearer_headers
-from ..engines.sglang import AUTH_STATUS, Reply, SGLangEngine, SGLangError
+from ..engines import Sampling
+from ..engines.sglang import INFO_PATHS, Reply, SGLangEngine, SGLangError, get_json
 from ..runtime.progress import Progress
 from .launch import launch_command
 
 ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
-INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name
 SPECULATIVE_FIELDS = (
     "speculative_algorithm",
     "speculative_draft_model_path",
@@ -67,15 +66,8 @@ def server_facts(url: str, timeout_s: float = 10.0, api_key: str | None = None) 
     info: dict = {}
     for path in (*INFO_PATHS, "/model_info"):
         try:
-            response = httpx.get(
-                f"{url}{path}", timeout=timeout_s, trust_env=False, headers=bearer_headers(api_key)
-            )
-            if response.status_code in AUTH_STATUS:
-                raise auth_failure(
-                    f"{url}{path}", response.status_code, response.text[:200], api_key
-                )
-            answer = response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
+            answer = get_json(f"{url}{path}", api_key, timeout_s)
+        except httpx.HTTPError:
             continue
         if isinstance(answer, dict):
             info = {**answer, **info}

@@ -1,4 +1,4 @@
-"""The target's tokenizer, roles and fingerprint, and the API key a params key names, built from
+"""The target's tokenizer and roles, and the API key a params key names, built from
 params for the stages."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .. import config
 from ..cli import StageError, params_key
-from ..target.tokenizer import load_tokenizer, model_fingerprint
+from ..target.tokenizer import load_tokenizer
 from ..target.tokens import TokenRoles, learn_roles
 
 TEMPLATES = Path("templates")  # a dep of every stage that reads target.chat_template (dvc.yaml)
@@ -39,13 +39,6 @@ def untracked_template(target: config.TargetParams) -> str | None:
 def target_roles(target: config.TargetParams, tokenizer) -> TokenRoles:
     with params_key("target"):
         return learn_roles(tokenizer, target.roles)
-
-
-def target_fingerprint(target: config.TargetParams) -> str:
-    """Changes with the model, its template and everything in params that shapes its tokens."""
-    return model_fingerprint(
-        target.path, target.chat_template, [target.template_kwargs, target.roles, target.dtype]
-    )
 
 
 def api_key(env_name: str | None, key: str) -> str | None:

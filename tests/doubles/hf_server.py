@@ -468,8 +468,12 @@ class HFServer:
                 "speculative_eagle_topk": 1,
                 "speculative_num_draft_tokens": spec.num_steps + 1,
             }
+        model = getattr(self.engine, "model", None)
         return {
             "model_path": self.model_path,
+            # the dtype it runs, as SGLang's answer after an explicit --dtype; no quantization
+            "dtype": str(model.dtype).removeprefix("torch.") if model is not None else "auto",
+            "quantization": None,
             "max_running_requests": self.max_running,
             "context_length": self.context_length if self.engine else None,
             **flags,

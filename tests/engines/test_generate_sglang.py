@@ -63,7 +63,7 @@ class KilledAfter:
 
     def __init__(self, engine, k: int, kill):
         self.engine, self.k, self.kill = engine, k, kill
-        self.name, self.urls = engine.name, engine.urls
+        self.name, self.urls, self.facts = engine.name, engine.urls, engine.facts
         self.yielded = 0
 
     def generate(self, requests, sampling):

@@ -219,3 +219,18 @@ def test_a_stream_that_waits_on_replies(serve, hf_engine, prompts, stop_ids, ref
     assert [c.output_ids for c in got] == [reference[sid].output_ids for sid, _ in picked]
     with pytest.raises(EngineError, match="none is in flight"):
         list(engine.generate(iter([None]), Sampling(**GREEDY, stop_ids=stop_ids)))
+
+
+def test_the_servers_facts_are_what_their_server_info_reports(serve, model):
+    """The model, dtype and quantization each server's /server_info gives, read over HTTP;
+    servers that report different ones refuse the run, naming them."""
+    a, b = serve(model_path="/models/t"), serve(model_path="/models/t")
+    facts = client(a.url, b.url).facts()
+    dtype = str(model.dtype).removeprefix("torch.")
+    assert facts == {"served_model": "/models/t", "dtype": dtype, "quantization": None}
+    other = serve(model_path="/models/other")
+    with pytest.raises(SGLangError, match=r"the servers report different models or settings"):
+        client(a.url, other.url).facts()
+    port = free_port()
+    with pytest.raises(SGLangError, match=rf"127\.0\.0\.1:{port}/server_info: Connect"):
+        client(f"http://127.0.0.1:{port}").facts()

@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from tests.engines.conftest import free_port
 from tests.project import ROOT, copy_project, ran_stages, set_params, sh
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow, pytest.mark.integration]
@@ -105,3 +106,38 @@ def test_an_edit_to_a_chat_template_in_templates_reruns_the_stages_that_render_p
     names = yaml.safe_load((repo / "params.yaml").read_text())["datasets"]
     assert {f"prep@{n}" for n in names} | {f"generate@{n}" for n in names} <= changed, changed
     assert not {"merge", "quality"} & changed, changed
+
+
+def test_under_a_server_engine_a_target_dtype_edit_reruns_generate_as_a_no_op(tmp_path):
+    """generate under `engine: sglang` (a server the stage launches from params): an edit of
+    target.dtype, which only the hf engine reads, reruns generate, which finds every turn there
+    under the server's facts, starts no server and leaves data/raw and its report as they were."""
+    port = free_port()
+
+    def served(p):
+        p["datasets"] = {"sharegpt": p["datasets"]["sharegpt"]}
+        p["datasets"]["sharegpt"]["prep"]["max_samples"] = 3
+        p["generate"]["max_new_tokens"] = 8
+        p["generate"]["engine"] = "sglang"
+        p["generate"]["sglang"]["launch"] = dict(
+            module="tests.doubles.hf_server",
+            server_args=dict(port=port, max_running_requests=4),
+            health_timeout_s=120,
+        )
+
+    repo = copy_project(tmp_path / "repo", served)
+    first = sh(["dvc", "repro", "generate@sharegpt"], repo)
+    assert "generate@sharegpt" in ran_stages(first.stdout)
+    before = contents(repo / "data", repo / "reports/generate")
+    set_params(repo, lambda p: p["target"].update(dtype="bfloat16"))
+    again = sh(["dvc", "repro", "generate@sharegpt"], repo)
+    assert ran_stages(again.stdout) == {"check", "generate@sharegpt"}, again.stdout
+    assert "nothing left to generate: no engine started" in again.stdout
+    assert contents(repo / "data", repo / "reports/generate") == before
+
+
+def contents(*roots):
+    """Every file under `roots`, by path: its bytes."""
+    return {
+        str(p): p.read_bytes() for root in roots for p in sorted(root.rglob("*")) if p.is_file()
+    }

@@ -168,13 +168,20 @@ def generate_findings(project: Path, reference: Path, saved: int, output: str) -
         f"{key}: other output ids" for key in want if key in got and got[key] != want[key]
     ]
     found.mismatched += [f"{key} not in the uninterrupted run" for key in got.keys() - want.keys()]
-    report = json.loads((project / f"reports/generate/{DATASET}.json").read_text())
-    if report["new_turns"] != len(want) - saved:
+    new = rerun_new_turns(output)
+    if new != len(want) - saved:
         found.duplicated.append(
-            f"the rerun generated {report['new_turns']} turns; the kill had left "
+            f"the rerun generated {new} turns; the kill had left "
             f"{len(want) - saved} of {len(want)} to generate"
         )
     return found
+
+
+def rerun_new_turns(output: str) -> int | None:
+    """The turns the rerun generated, from its closing figures (not the report: a rerun that
+    generated nothing keeps the report of the killed run when that one had written it)."""
+    found = re.findall(r"^\s+new_turns\s+([\d,]+)$", output, re.MULTILINE)
+    return int(found[-1].replace(",", "")) if found else None
 
 
 def extract_saved(project: Path) -> dict[str, int]:

@@ -66,7 +66,7 @@ def turns_of(out) -> dict[str, list[dict]]:
 
 
 def same(turns):
-    """The rows without what differs between runs of greedy decoding: timing and engine."""
-    return {
-        sid: [dict(r, latency_s=None, engine=None) for r in rows] for sid, rows in turns.items()
-    }
+    """The rows without what differs between runs of greedy decoding: timing, the engine and
+    the facts it reports (a server names the model it serves), so the fingerprint too."""
+    varying = dict(latency_s=None, engine=None, generated_by=None, fingerprint=None)
+    return {sid: [dict(r, **varying) for r in rows] for sid, rows in turns.items()}

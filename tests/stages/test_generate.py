@@ -10,6 +10,7 @@ from stages.engines import EngineError, Sampling
 from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
 from stages.target.model import load_causal_lm
+from stages.wiring.generation import served_facts
 from tests.conftest import STORIES, STORIES_REL
 
 pytestmark = pytest.mark.shared(STORIES_REL)
@@ -163,6 +164,98 @@ def test_a_kill_between_the_first_append_and_the_removal_loses_nothing(
     done = generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
     assert done["samples"] == 8 and done["new_samples"] == 6
     assert set(read_raw(out).column("fingerprint").to_pylist()) == {done["fingerprint"]}
+
+
+class Served:
+    """The target behind a server: its replies, and the facts a server's /server_info gives."""
+
+    name = "sglang"
+
+    def __init__(self, inner, dtype: str, model_path: str = "/models/stories"):
+        self.inner = inner
+        self.reported = dict(served_model=model_path, dtype=dtype, quantization=None)
+
+    def facts(self) -> dict:
+        return dict(self.reported)
+
+    def generate(self, requests, sampling: Sampling):
+        return self.inner.generate(requests, sampling)
+
+
+DTYPES_SENT = ("auto", "half", "float", "bfloat16", None)
+
+
+def bf16(target: config.TargetParams) -> config.TargetParams:
+    return config.TargetParams(**{**target.__dict__, "dtype": "bfloat16"})
+
+
+@pytest.mark.slow
+def test_a_dtype_the_server_never_reads_keeps_its_generation(
+    tmp_path, prompts, engine, monkeypatch, capsys
+):
+    """Under a server engine target.dtype shapes no token (the server's own --dtype does):
+    editing it keeps data/raw byte for byte and starts no engine; under the hf engine it
+    starts over, saying which value changed."""
+    served, out = gen_params(engine="sglang"), tmp_path / "raw"
+    first = generate_dataset("d", prompts, out, served, 10**6, TARGET, Served(engine, "float32"))
+    before = part_bytes(out)
+    with monkeypatch.context() as m:
+        m.setattr(generate, "make_engine", lambda *_: pytest.fail("an engine was built"))
+        again = generate_dataset("d", prompts, out, served, 10**6, bf16(TARGET))
+    assert again["new_samples"] == 0 and again["fingerprint"] == first["fingerprint"]
+    assert part_bytes(out) == before
+
+    hf_out = tmp_path / "raw-hf"
+    generate_dataset("d", prompts, hf_out, gen_params(), 10**6, TARGET, engine)
+    capsys.readouterr()
+    redone = generate_dataset("d", prompts, hf_out, gen_params(), 10**6, bf16(TARGET), engine)
+    assert redone["new_samples"] == 8
+    assert "generated otherwise: dtype 'float32' -> 'bfloat16' (target.dtype under the hf" in (
+        capsys.readouterr().out
+    )
+
+
+@pytest.mark.slow
+def test_a_server_launched_otherwise_starts_over_once_it_answers(
+    tmp_path, prompts, engine, monkeypatch, capsys
+):
+    """The kept turns match the params, but the server started for the missing ones reports
+    another dtype: the run starts over, saying so, the earlier turns kept until its first
+    append; a completed run leaves only its own."""
+    served, out = gen_params(engine="sglang"), tmp_path / "raw"
+    first = generate_dataset("d", prompts, out, served, 30, TARGET, Served(engine, "float32"))
+    assert first["samples"] == 4
+    before = part_bytes(out)
+    monkeypatch.setattr(generate, "make_engine", lambda *_: Served(Failing(), "bfloat16"))
+    with pytest.raises(EngineError, match="connection refused"):
+        generate_dataset("d", prompts, out, served, 10**6, TARGET)
+    said = capsys.readouterr().out
+    assert "generated otherwise: dtype 'float32' -> 'bfloat16' (target.dtype under the hf" in said
+    assert "is kept as it was" in said and part_bytes(out) == before
+    monkeypatch.setattr(generate, "make_engine", lambda *_: Served(engine, "bfloat16"))
+    done = generate_dataset("d", prompts, out, served, 10**6, TARGET)
+    assert (
+        done["new_samples"] == done["samples"] == 8 and done["fingerprint"] != first["fingerprint"]
+    )
+    table = read_raw(out)
+    assert set(table.column("fingerprint").to_pylist()) == {done["fingerprint"]}
+    assert {json.loads(g)["dtype"] for g in table.column("generated_by").to_pylist()} == {
+        "bfloat16"
+    }
+
+
+def test_a_servers_dtype_is_read_as_sglang_runs_it():
+    """--dtype auto by SGLang's rule (the stories target declares float32: served as float16),
+    the aliases by their names, a dtype given as it is, none as none."""
+    reported = dict(served_model="/m", quantization=None)
+    read = {d: served_facts({**reported, "dtype": d}, TARGET)["dtype"] for d in DTYPES_SENT}
+    assert read == {
+        "auto": "float16",
+        "half": "float16",
+        "float": "float32",
+        "bfloat16": "bfloat16",
+        None: None,
+    }
 
 
 def test_rows_carry_the_contract(tmp_path, prompts, engine):

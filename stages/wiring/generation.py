@@ -1,0 +1,73 @@
+"""The generation facts: every value that shapes a dataset's generated tokens, which its
+fingerprint hashes (artifacts/raw.py) and a rerun compares, built from params and, for a server
+engine, from what the servers report."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+from transformers import AutoConfig
+
+from .. import config
+from ..cli import params_key
+from ..drafter.serving_dtype import sglang_auto_dtype
+from ..engines import Sampling
+from ..target.tokenizer import model_fingerprint
+
+
+def recipe_facts(target: config.TargetParams, sampling: Sampling, regenerate: str) -> dict:
+    """What shapes the generated tokens whatever the engine: the model's files (and the
+    transformers version that renders its template), the template and its kwargs, the roles,
+    every sampling value and the multi-turn mode."""
+    template = Path(target.chat_template) if target.chat_template else None
+    return {
+        "model_files": model_fingerprint(target.path, None, None),
+        "chat_template": hashlib.sha256(template.read_bytes()).hexdigest()[:16]
+        if template
+        else None,
+        "template_kwargs": target.template_kwargs,
+        "roles": target.roles,
+        "sampling": json.loads(json.dumps(dataclasses.asdict(sampling))),  # as the rows store it
+        "regenerate": regenerate,
+    }
+
+
+def in_process_facts(target: config.TargetParams) -> dict:
+    """What shapes the tokens of the target run in this process (the hf engine), under the names
+    a server's facts have (engines/sglang.py SERVED_FACTS): the dtype target.dtype resolves to
+    on target.device, no quantization, no server."""
+    from ..target.model import resolve_device, resolve_dtype
+
+    with params_key("target"):
+        dtype = resolve_dtype(target.dtype, resolve_device(target.device))
+    return {"served_model": None, "dtype": str(dtype).removeprefix("torch."), "quantization": None}
+
+
+SERVER_DTYPES = {"half": "float16", "float": "float32"}  # SGLang's --dtype aliases
+
+
+def served_facts(reported: dict, target: config.TargetParams) -> dict:
+    """A server's facts with its --dtype resolved: `auto` as SGLang's rule runs the target's
+    config (drafter/serving_dtype.py), the aliases by their names."""
+    dtype = reported.get("dtype")
+    if dtype == "auto":
+        with params_key("target"):
+            dtype = sglang_auto_dtype(
+                AutoConfig.from_pretrained(
+                    target.path,
+                    trust_remote_code=target.trust_remote_code,
+                    local_files_only=True,
+                )
+            )
+    return {**reported, "dtype": SERVER_DTYPES.get(dtype, dtype) if dtype else None}
+
+
+def engine_facts(engine, target: config.TargetParams) -> dict:
+    """The engine's share of the generation facts: a server engine's as its servers report
+    them, the in-process target's from params."""
+    if hasattr(engine, "facts"):
+        return served_facts(engine.facts(), target)
+    return in_process_facts(target)
