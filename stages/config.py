@@ -456,10 +456,11 @@ class TrainParams(Ranged):
     seed: int = param(0, "Seed of the initialisation and the sample order.")
     device: str = param("auto", "auto | cpu | cuda | cuda:N.", pattern=DEVICE)
     cpu_threads: int | None = param(None, "torch threads on the CPU (null: torch's default).", ge=1)
-    compile: bool = param(
-        False,
-        "On a GPU, torch.compile the whole objective (TTT unroll, loss, metrics) into one graph; "
-        "the first step compiles (reported as warmup_s). The CPU runs eager.",
+    compile: Literal["auto", True, False] = param(
+        "auto",
+        "auto | true: on a GPU, torch.compile the whole objective (TTT unroll, loss, metrics) "
+        "into one graph, the first step compiling (reported as warmup_s), eager if that fails; "
+        "the CPU runs eager (compiling does not pay there). false: eager everywhere.",
     )
     fp8: bool = param(
         False,

@@ -41,6 +41,7 @@ from .drafter.training import (
     History,
     LoopSettings,
     Objective,
+    compiles,
     train,
 )
 from .runtime import parallel
@@ -82,7 +83,7 @@ def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
         checkpoint_every=p.checkpoint_every,
         seed=p.seed,
         length_window=p.length_window,
-        compile=p.compile,
+        compile=p.compile is not False,
         fp8=p.fp8,
     )
 
@@ -260,7 +261,8 @@ def _train(
     if rank.main:
         _export_best(drafter, checkpoint_dir, out_dir, target_config, p, meta)
         features_from = f"online {meta.engine or 'hf'}" if online else "stored"
-        _write_reports(history, s, p, rank.world, features_from, report, plots)
+        compiled = compiles(s.compile, device) and history.compile_failed_at is None
+        _write_reports(history, s, p, (rank.world, features_from, compiled), report, plots)
         remove_path(checkpoint_dir / EARLIER)  # this run is complete: the earlier one goes
 
 
@@ -326,14 +328,15 @@ def _write_reports(
     history: History,
     s: LoopSettings,
     p: config.TrainParams,
-    world: int,
-    features_from: str,
+    run: tuple[int, str, bool],
     report: Path,
     plots: Path,
 ) -> None:
     """reports/train.json and the `dvc plots` CSVs; the best evaluation's figures are those of
-    the exported checkpoint. `features_from`: "stored" (shards), or "online <engine>" (the target
-    ran on each batch: then the share of the step time its forward took is reported)."""
+    the exported checkpoint. `run`: the world size, where the features came from ("stored":
+    shards, or "online <engine>": the target ran on each batch, and the share of the step time
+    its forward took is reported) and whether the steps ran compiled."""
+    world, features_from, compiled = run
     best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
     metrics = {
         "steps": s.total_steps,
@@ -346,6 +349,7 @@ def _write_reports(
         "tokens_per_s": round(history.tokens_per_s, 1),
         "warmup_s": round(history.warmup_seconds, 1),
         "padding_share": round(history.padding_share, 4),
+        "compiled": compiled,
         "compile_failed_at_step": history.compile_failed_at,
         "features": features_from,
         "target_forward_share": (

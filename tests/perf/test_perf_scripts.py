@@ -11,7 +11,9 @@ import torch
 import yaml
 
 from stages.artifacts import hidden
+from tests.engines.conftest import free_port
 from tests.perf import (
+    bench_client_vs_bare,
     bench_demo,
     bench_extract,
     bench_extract_stage,
@@ -418,3 +420,21 @@ def test_bench_demo_times_both_commits_and_compares_their_outputs(tmp_path, caps
     }
     assert all(number(r["base s"]) > 0 and number(r["head s"]) > 0 for r in rows.values())
     assert (tmp_path / "head" / "reports" / "check.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys):
+    """Against the CPU stand-in server: both clients get every reply, with the same ids."""
+    out = tmp_path / "results.json"
+    argv = ["--targets", "demo", "--concurrency", "2", "4", "--requests-per-slot", "2"]
+    argv += ["--max-new-tokens", "6", "--prompt-lengths", "4", "8", "--server-flags"]
+    argv += ["--module", "tests.doubles.hf_server", "--port", str(free_port())]
+    argv += ["--work", str(tmp_path), "--json-out", str(out)]
+    assert bench_client_vs_bare.main(argv) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["concurrency"], r["requests"], r["same_ids"]) for r in rows] == [
+        (2, 4, True),
+        (4, 8, True),
+    ]
+    assert all(r["stage_tokens_per_s"] > 0 and r["bare_tokens_per_s"] > 0 for r in rows)
+    assert "stage/bare" in capsys.readouterr().out

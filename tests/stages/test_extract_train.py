@@ -249,3 +249,26 @@ def test_evaluation_replays_every_turn_and_adds_up_over_batches(hidden):
     # prefill), turn [15, length) tokens 16 to the end.
     assert together.replay_tokens.tolist() == [5 * 3 + 4 + 7 + 10] * 3
     assert torch.equal(together.replay_rounds, alone.replay_rounds)
+
+
+def test_compile_auto_compiles_the_steps_on_a_gpu_and_not_on_the_cpu():
+    """train.compile's default, auto, compiles on a GPU and runs eager on the CPU (where
+    compiling does not pay); false runs eager on both."""
+    from stages import train as train_stage
+    from stages.drafter.training import compiles
+    from tests.conftest import ROOT
+
+    default = config.section(config.TrainParams, "train", ROOT / "params.yaml")
+    assert default.compile == "auto" == config.TrainParams.__dataclass_fields__["compile"].default
+    off = dataclasses.replace(default, compile=False)
+    on = {
+        (value, device): compiles(train_stage.settings(p, 10).compile, torch.device(device))
+        for value, p in (("auto", default), ("false", off))
+        for device in ("cuda", "cpu")
+    }
+    assert on == {
+        ("auto", "cuda"): True,
+        ("auto", "cpu"): False,
+        ("false", "cuda"): False,
+        ("false", "cpu"): False,
+    }

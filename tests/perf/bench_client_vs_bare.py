@@ -1,0 +1,247 @@
+"""The generate stage against the server's own pace: the same requests sent through the stage as
+users run it and through a bare concurrent /generate loop, output tokens/s of each, per target and
+concurrency, on one server.
+
+    python -m tests.perf.bench_client_vs_bare [--targets demo llama-3.1-8b] [--concurrency 64 256]
+        [--requests-per-slot 4] [--max-new-tokens 128] [--json-out FILE]
+
+Per target one server is launched (`--module`, sglang.launch_server by default; on the device one
+bundle of ../shared/sglang-h200 importable) with the radix cache off, so that a run after another
+prefills the same prompts again. Then per concurrency c, c x --requests-per-slot prompts of random
+ids (lengths --prompt-lengths) are sent:
+
+- warm-up: the bare loop once, untimed (the server's kernels compile for these batch sizes);
+- stage: `python -m stages.generate` in a process of its own, on a params file with engine sglang,
+  the server's URL and concurrency c (resume bookkeeping, Parquet appends every append_every
+  replies, the live monitor polling /metrics, the report): its own tokens/s (generation loop)
+  and the process's wall seconds (imports, tokenizer, compaction included);
+- bare: an aiohttp loop holding c requests in flight, each the body the stage sends (the same
+  rid, ids and sampling values: engines/sglang.py `request_body`), nothing done with a reply but
+  counting it.
+
+Both runs must produce the same output ids per sample (greedy decoding of the same requests): the
+check that the two sent the same work. The llama-3.1-8b target is random weights of Llama-3.1-8B's
+shape (tests/perf/bench_extract.py SHAPES) saved in bf16 with the demo target's tokenizer, so
+replies run to max_new_tokens unless the random model emits a stop id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pyarrow.parquet as pq
+import yaml
+
+from stages import config
+from stages.artifacts.prompts import PromptSettings, write_prompts
+from stages.engines.sglang import JSON_HEADERS, request_body
+from stages.serving.launch import launch_command, start_server
+from stages.wiring.engines import sampling_for
+from stages.wiring.target import target_roles, target_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_TARGET = ROOT / "data/demo/target"
+DATASET = "bench"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
+
+
+def build_llama_8b(out: Path, shape: str) -> Path:
+    """A random target of `shape` in bf16 on the GPU, saved with the demo target's tokenizer."""
+    import torch
+
+    from tests.perf.bench_extract import build_target
+
+    if (out / "config.json").exists():
+        return out
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = build_target(shape, device, torch.bfloat16)
+    model.save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        if (DEMO_TARGET / name).exists():
+            shutil.copy(DEMO_TARGET / name, out / name)
+    del model
+    return out
+
+
+def write_random_prompts(path: Path, n: int, lengths: tuple[int, int], vocab: int) -> list[dict]:
+    """`n` prompts of random ids (seeded; ids above the special tokens), in the prompts schema."""
+    rng = random.Random(0)
+    rows = []
+    for i in range(n):
+        ids = [rng.randrange(64, vocab) for _ in range(rng.randint(*lengths))]
+        rows.append(
+            dict(
+                sample_id=f"{DATASET}/{i}",
+                dataset=DATASET,
+                messages=json.dumps([{"role": "user", "content": f"random prompt {i}"}]),
+                tools=None,
+                prompt_ids=ids,
+                prompt_len=len(ids),
+                reasoning_open=False,
+                turn_deltas=None,
+                turn_messages=None,
+            )
+        )
+    write_prompts(rows, path, PromptSettings())
+    return rows
+
+
+def stage_params(work: Path, target: str, url: str, concurrency: int, max_new: int) -> Path:
+    """params.yaml for one dataset generated through the server at `url`, with no budget limit."""
+    p = yaml.safe_load((ROOT / "params.yaml").read_text())
+    source = next(iter(p["datasets"].values()))
+    source["generate"]["budget_tokens"] = 10**12
+    p["datasets"] = {DATASET: source}
+    p["target"].update(path=target, chat_template=None, device="cpu")
+    p["generate"].update(engine="sglang", max_new_tokens=max_new, temperature=0.0)
+    p["generate"]["sglang"].update(urls=[url], concurrency=concurrency, launch=None)
+    path = work / "params.yaml"
+    path.write_text(yaml.safe_dump(p, sort_keys=False))
+    return path
+
+
+def run_stage(work: Path, params: Path, prompts: Path) -> dict:
+    """The generate stage in a process of its own: its report, wall seconds and output ids."""
+    out, report = work / "raw", work / "report.json"
+    shutil.rmtree(out, ignore_errors=True)
+    report.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "stages.generate", DATASET, "--prompts", str(prompts)]
+    command += ["--out", str(out), "--report", str(report), "--params", str(params)]
+    start = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    wall = time.monotonic() - start
+    if done.returncode:
+        raise RuntimeError(f"the generate stage exited {done.returncode}:\n{done.stderr[-3000:]}")
+    table = pq.read_table(sorted(out.glob("part-*.parquet"))[0])
+    ids = dict(zip(table.column("sample_id").to_pylist(), table.column("output_ids").to_pylist()))
+    return dict(report=json.loads(report.read_text()), wall_s=wall, ids=ids)
+
+
+async def _bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict[str, list[int]]:
+    slots = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=3600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def one(row: dict) -> tuple[str, list[int]]:
+            body = request_body(row["sample_id"], row["prompt_ids"], sampling, 0)
+            post = session.post(f"{url}/generate", json=body, headers=JSON_HEADERS)
+            async with slots, post as r:
+                r.raise_for_status()
+                reply = await r.json()
+            return row["sample_id"], reply["output_ids"]
+
+        return dict(await asyncio.gather(*(one(row) for row in rows)))
+
+
+def run_bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict:
+    start = time.monotonic()
+    ids = asyncio.run(_bare(url, rows, sampling, concurrency))
+    wall = time.monotonic() - start
+    tokens = sum(map(len, ids.values()))
+    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, ids=ids)
+
+
+def measure(args, name: str, target: Path, work: Path) -> list[dict]:
+    """One server for `target`, then per concurrency: warm-up, the stage, the bare loop."""
+    target_params = config.TargetParams(path=str(target), device="cpu")
+    tokenizer = target_tokenizer(target_params)
+    roles = target_roles(target_params, tokenizer)
+    url = f"http://127.0.0.1:{args.port}"
+    server_args = dict(
+        host="127.0.0.1",
+        port=args.port,
+        max_running_requests=max(args.concurrency),
+        mem_fraction_static=args.mem_fraction,
+        enable_metrics=True,
+    )
+    command = launch_command(str(target), server_args, args.server_flags, module=args.module)
+    started = time.monotonic()
+    server = start_server(command, url, args.health_timeout_s, work / f"server-{name}.log")
+    print(f"[bench] {name}: server healthy in {time.monotonic() - started:.0f} s", flush=True)
+    rows_out = []
+    try:
+        for c in args.concurrency:
+            cwork = work / f"{name}-c{c}"
+            cwork.mkdir(parents=True, exist_ok=True)
+            prompts = cwork / "prompts.parquet"
+            rows = write_random_prompts(
+                prompts, c * args.requests_per_slot, tuple(args.prompt_lengths), len(tokenizer)
+            )
+            params = stage_params(cwork, str(target), url, c, args.max_new_tokens)
+            gen = config.section(config.GenerateParams, "generate", params)
+            sampling = sampling_for(gen, roles)
+            run_bare(url, rows, sampling, c)  # warm-up
+            stage = run_stage(cwork, params, prompts)
+            bare = run_bare(url, rows, sampling, c)
+            report = stage["report"]
+            same = stage["ids"] == bare["ids"]
+            row = dict(
+                target=name,
+                concurrency=c,
+                requests=len(rows),
+                tokens=bare["tokens"],
+                bare_tokens_per_s=round(bare["tokens_per_s"], 1),
+                stage_tokens_per_s=report["tokens_per_s"],
+                stage_vs_bare=round(report["tokens_per_s"] / bare["tokens_per_s"], 3),
+                bare_wall_s=round(bare["wall_s"], 2),
+                stage_process_wall_s=round(stage["wall_s"], 2),
+                stage_process_tokens_per_s=round(report["tokens"] / stage["wall_s"], 1),
+                same_ids=same,
+            )
+            print(f"[bench] {json.dumps(row)}", flush=True)
+            rows_out.append(row)
+    finally:
+        server.stop()
+    return rows_out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--targets", nargs="+", default=["demo", "llama-3.1-8b"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--requests-per-slot", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--prompt-lengths", type=int, nargs=2, default=[64, 512])
+    parser.add_argument("--module", default="sglang.launch_server")
+    parser.add_argument(
+        "--server-flags",
+        nargs="*",
+        default=["--disable-radix-cache", "--disable-cuda-graph"],
+        help="more launch flags (the device's bundles lack deep_gemm: no CUDA graphs)",
+    )
+    parser.add_argument("--mem-fraction", type=float, default=0.8)
+    parser.add_argument("--port", type=int, default=30200)
+    parser.add_argument("--health-timeout-s", type=float, default=900)
+    parser.add_argument("--shape", default="llama-3.1-8b", help="the random target's shape")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench-client-vs-bare"))
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.targets:
+        target = DEMO_TARGET if name == "demo" else build_llama_8b(args.work / name, args.shape)
+        results += measure(args, name, target, args.work)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(results, indent=2))
+    print("target  concurrency  bare tok/s  stage tok/s  stage/bare  same ids")
+    for r in results:
+        print(
+            f"{r['target']}  {r['concurrency']}  {r['bare_tokens_per_s']}  "
+            f"{r['stage_tokens_per_s']}  {r['stage_vs_bare']}  {r['same_ids']}"
+        )
+    return 0 if all(r["same_ids"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
