@@ -7,7 +7,7 @@ make SGLang and vLLM capture the same ones). Shards are the unit of resume. `ext
 (stages/artifacts/hidden.py) keeps only what the loss reads (`supervised`), or no features at all
 (`none`: no target is loaded here, the train stage runs it).
 
-The engine (`extract.engine`) is behind one interface, stages/target/capture.py `Capture`:
+The engine (`extract.engine`) is behind one interface, stages/capture/interface.py `Capture`:
 `hf` loads the whole target in every process and, under torchrun, each rank extracts every
 world-size-th shard of those left (in a fresh run: index = rank mod world size); `sglang` runs
 SGLang's model runner tensor parallel over all ranks (torchrun --nproc-per-node

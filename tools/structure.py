@@ -17,9 +17,9 @@ from pathlib import Path
 import yaml
 
 PACKAGE = "stages"
-# Library packages and the library packages each may import (besides itself). Top-level modules
-# of `stages` (the stage modules, config, cli, wiring, estimate) are the stage side: no library
-# module may import them.
+# Library packages and the library packages each may import (besides itself). The top-level
+# modules of `stages` (the stage modules, config, cli) and STAGE_SIDE_PACKAGES (wiring, commands)
+# are the stage side: no library module may import them.
 LAYERS: dict[str, set[str]] = {
     "runtime": set(),
     "queries": set(),
