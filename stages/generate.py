@@ -61,6 +61,20 @@ FACT_SOURCES = {
 }
 
 
+@dataclass(frozen=True)
+class Stamp:
+    """What every row of a run records of how it was generated, made once a run: the engine,
+    the generation facts' fingerprint and the facts as JSON."""
+
+    engine: str
+    fingerprint: str
+    generated_by: str
+
+    @classmethod
+    def of(cls, engine: str, facts: dict) -> Stamp:
+        return cls(engine, facts_fingerprint(facts), json.dumps(facts, sort_keys=True))
+
+
 def history_renderer(renderer: HistoryRenderer) -> RenderPrompt:
     """The turn queue's callback for all_turns_rendered: a prompts row's message segments and
     tools (JSON columns) and the turns so far -> the next turn's rendered prompt."""
@@ -74,7 +88,7 @@ def history_renderer(renderer: HistoryRenderer) -> RenderPrompt:
 
 
 def completion_row(
-    prompt: dict, done: Completion, roles: TokenRoles, engine: str, facts: dict, tokenizer
+    prompt: dict, done: Completion, roles: TokenRoles, stamp: Stamp, tokenizer
 ) -> dict:
     anatomy = analyze_output(done.output_ids, roles, prompt["reasoning_open"])
     return dict(
@@ -88,9 +102,9 @@ def completion_row(
         tool_calls_balanced=anatomy.tool_calls_balanced,
         error=done.error,
         latency_s=done.latency_s,
-        engine=engine,
-        fingerprint=facts_fingerprint(facts),
-        generated_by=json.dumps(facts, sort_keys=True),
+        engine=stamp.engine,
+        fingerprint=stamp.fingerprint,
+        generated_by=stamp.generated_by,
         output_text=tokenizer.decode(done.output_ids, skip_special_tokens=False),
     )
 
@@ -145,16 +159,18 @@ def _generate_dataset(
         return existing, budget, queue
 
     existing, budget, queue = planned(existing)
-    fp = _kept_fingerprint(existing)
+    kept = _kept_facts(existing)
+    fp = kept[0] if kept else None
     start = time.monotonic()
     with earlier.kept_unless_begun():
         if budget.used < budget.limit and queue.has_unsent():  # else no engine is started
             engine = engine or make_engine(gen, target, tokenizer)
             if facts is None:
                 facts = recipe | engine_facts(engine, target)
-                if earlier.served_otherwise(facts, fp):
+                if earlier.served_otherwise(facts, kept):
                     existing, budget, queue = planned(RAW_SCHEMA.empty_table())
-            fp = facts_fingerprint(facts)
+            stamp = Stamp.of(engine.name, facts)
+            fp = stamp.fingerprint
             monitor = _monitor(name, engine, queue, existing.num_rows, budget, others)
             _generate_turns(
                 engine,
@@ -164,9 +180,7 @@ def _generate_dataset(
                 monitor,
                 out_dir,
                 gen.append_every,
-                lambda prompt, done: completion_row(
-                    prompt, done, roles, engine.name, facts, tokenizer
-                ),
+                lambda prompt, done: completion_row(prompt, done, roles, stamp, tokenizer),
                 earlier.begun,
             )
             monitor.print()
@@ -186,10 +200,14 @@ def _facts_known(recipe: dict, engine, gen: config.GenerateParams, target) -> di
     return recipe | engine_facts(engine, target)
 
 
-def _kept_fingerprint(existing: pa.Table) -> str | None:
-    """The fingerprint of the turns kept from earlier runs (one: the others were set aside)."""
+def _kept_facts(existing: pa.Table) -> tuple[str, dict | None] | None:
+    """The fingerprint of the turns kept from earlier runs (one: the others were set aside) and
+    the facts they recorded (None where they predate generated_by); None when none are kept."""
     kept = set(existing.column("fingerprint").to_pylist())
-    return kept.pop() if len(kept) == 1 else None
+    if len(kept) != 1:
+        return None
+    recorded = existing.column("generated_by")[0].as_py()
+    return kept.pop(), json.loads(recorded) if recorded else None
 
 
 @dataclass
@@ -295,14 +313,13 @@ class _Earlier:
             raise
         self.begun()
 
-    def served_otherwise(self, facts: dict, kept: str | None) -> bool:
+    def served_otherwise(self, facts: dict, kept: tuple[str, dict | None] | None) -> bool:
         """Whether the kept turns were generated under other server facts than `facts` (the
         recipe alone matched them): then they too stay only until this run's first append."""
-        if kept is None or kept == facts_fingerprint(facts):
+        if kept is None or kept[0] == facts_fingerprint(facts):
             return False
-        before = next(f for p in parts(self.out_dir) for f in part_facts(p).items() if f[0] == kept)
         self.parts = parts(self.out_dir)
-        self.starting_over(before, facts)
+        self.starting_over(kept, facts)
         return True
 
     def starting_over(self, before: tuple[str, dict | None], now: dict) -> None:

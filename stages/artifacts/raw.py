@@ -61,11 +61,6 @@ def parts(directory: Path) -> list[Path]:
     return sorted(p for p in Path(directory).glob("part-*.parquet") if _PART.search(p.name))
 
 
-def part_fingerprints(path: Path) -> set[str]:
-    """The generation fingerprints of one part's rows."""
-    return set(pq.read_table(path, columns=["fingerprint"]).column(0).to_pylist())
-
-
 def facts_fingerprint(facts: dict) -> str:
     """The generation fingerprint: a hash of every value that shapes the generated tokens."""
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
@@ -76,11 +71,12 @@ def part_facts(path: Path) -> dict[str, dict | None]:
     the generated_by column)."""
     names = set(pq.read_schema(path).names)
     columns = ["fingerprint", "generated_by"] if "generated_by" in names else ["fingerprint"]
-    rows = pq.read_table(path, columns=columns).to_pylist()
-    return {
-        row["fingerprint"]: json.loads(row["generated_by"]) if row.get("generated_by") else None
-        for row in rows
-    }
+    table = pq.read_table(path, columns=columns)
+    recorded = table.column("generated_by").to_pylist() if "generated_by" in names else None
+    first: dict[str, str | None] = {}
+    for i, fp in enumerate(table.column("fingerprint").to_pylist()):
+        first.setdefault(fp, recorded[i] if recorded else None)
+    return {fp: json.loads(text) if text else None for fp, text in first.items()}
 
 
 def verified_parts(directory: Path) -> list[Path]:

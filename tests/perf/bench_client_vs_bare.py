@@ -32,14 +32,12 @@ import asyncio
 import json
 import random
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import aiohttp
 import pyarrow.parquet as pq
-import yaml
 
 from stages import config
 from stages.artifacts.prompts import PromptSettings, write_prompts
@@ -47,6 +45,7 @@ from stages.engines.sglang import JSON_HEADERS, request_body
 from stages.serving.launch import launch_command, start_server
 from stages.wiring.engines import sampling_for
 from stages.wiring.target import target_roles, target_tokenizer
+from tests.perf.real_sglang import params, stage
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_TARGET = ROOT / "data/demo/target"
@@ -98,30 +97,27 @@ def write_random_prompts(path: Path, n: int, lengths: tuple[int, int], vocab: in
 
 def stage_params(work: Path, target: str, url: str, concurrency: int, max_new: int) -> Path:
     """params.yaml for one dataset generated through the server at `url`, with no budget limit."""
-    p = yaml.safe_load((ROOT / "params.yaml").read_text())
-    source = next(iter(p["datasets"].values()))
-    source["generate"]["budget_tokens"] = 10**12
-    p["datasets"] = {DATASET: source}
-    p["target"].update(path=target, chat_template=None, device="cpu")
-    p["generate"].update(engine="sglang", max_new_tokens=max_new, temperature=0.0)
-    p["generate"]["sglang"].update(urls=[url], concurrency=concurrency, launch=None)
-    path = work / "params.yaml"
-    path.write_text(yaml.safe_dump(p, sort_keys=False))
-    return path
+
+    def change(p: dict) -> None:
+        source = next(iter(p["datasets"].values()))
+        source["generate"]["budget_tokens"] = 10**12
+        p["datasets"] = {DATASET: source}
+        p["target"].update(path=target, chat_template=None, device="cpu", dtype="auto")
+        p["generate"].update(engine="sglang", max_new_tokens=max_new, temperature=0.0)
+        p["generate"]["sglang"].update(urls=[url], concurrency=concurrency, launch=None)
+
+    return params(work, "params", change)
 
 
-def run_stage(work: Path, params: Path, prompts: Path) -> dict:
+def run_stage(work: Path, params_file: Path, prompts: Path) -> dict:
     """The generate stage in a process of its own: its report, wall seconds and output ids."""
     out, report = work / "raw", work / "report.json"
     shutil.rmtree(out, ignore_errors=True)
     report.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "stages.generate", DATASET, "--prompts", str(prompts)]
-    command += ["--out", str(out), "--report", str(report), "--params", str(params)]
+    args = [DATASET, "--prompts", str(prompts), "--out", str(out), "--report", str(report)]
     start = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    stage(work, "generate", "stages.generate", *args, "--params", str(params_file), timeout_s=3600)
     wall = time.monotonic() - start
-    if done.returncode:
-        raise RuntimeError(f"the generate stage exited {done.returncode}:\n{done.stderr[-3000:]}")
     table = pq.read_table(sorted(out.glob("part-*.parquet"))[0])
     ids = dict(zip(table.column("sample_id").to_pylist(), table.column("output_ids").to_pylist()))
     return dict(report=json.loads(report.read_text()), wall_s=wall, ids=ids)
@@ -178,14 +174,14 @@ def measure(args, name: str, target: Path, work: Path) -> list[dict]:
             rows = write_random_prompts(
                 prompts, c * args.requests_per_slot, tuple(args.prompt_lengths), len(tokenizer)
             )
-            params = stage_params(cwork, str(target), url, c, args.max_new_tokens)
-            gen = config.section(config.GenerateParams, "generate", params)
+            params_file = stage_params(cwork, str(target), url, c, args.max_new_tokens)
+            gen = config.section(config.GenerateParams, "generate", params_file)
             sampling = sampling_for(gen, roles)
             run_bare(url, rows, sampling, c)  # warm-up
-            stage = run_stage(cwork, params, prompts)
+            staged = run_stage(cwork, params_file, prompts)
             bare = run_bare(url, rows, sampling, c)
-            report = stage["report"]
-            same = stage["ids"] == bare["ids"]
+            report = staged["report"]
+            same = staged["ids"] == bare["ids"]
             row = dict(
                 target=name,
                 concurrency=c,
@@ -195,8 +191,8 @@ def measure(args, name: str, target: Path, work: Path) -> list[dict]:
                 stage_tokens_per_s=report["tokens_per_s"],
                 stage_vs_bare=round(report["tokens_per_s"] / bare["tokens_per_s"], 3),
                 bare_wall_s=round(bare["wall_s"], 2),
-                stage_process_wall_s=round(stage["wall_s"], 2),
-                stage_process_tokens_per_s=round(report["tokens"] / stage["wall_s"], 1),
+                stage_process_wall_s=round(staged["wall_s"], 2),
+                stage_process_tokens_per_s=round(report["tokens"] / staged["wall_s"], 1),
                 same_ids=same,
             )
             print(f"[bench] {json.dumps(row)}", flush=True)

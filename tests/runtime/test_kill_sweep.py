@@ -67,7 +67,7 @@ import torch
 import yaml
 
 from stages.artifacts.hidden import shard_files
-from stages.artifacts.raw import part_fingerprints, parts, read_raw
+from stages.artifacts.raw import part_facts, parts, read_raw
 from stages.cli import run
 from stages.runtime.files import checksum_problem
 from stages.runtime.outputs import LOCK_NAME
@@ -258,7 +258,7 @@ EARLIER = Path(".sweep-earlier")  # in the project copy: the generation a replac
 
 
 def earlier_fingerprints(project: Path) -> set[str]:
-    return {fp for f in parts(project / EARLIER / "raw") for fp in part_fingerprints(f)}
+    return {fp for f in parts(project / EARLIER / "raw") for fp in part_facts(f)}
 
 
 def replace_saved(project: Path) -> tuple[int, str | None]:
@@ -267,7 +267,7 @@ def replace_saved(project: Path) -> tuple[int, str | None]:
     out = project / f"data/raw/{DATASET}"
     here = parts(out) if out.exists() else []
     old = earlier_fingerprints(project)
-    new = [f for f in here if not part_fingerprints(f) <= old]
+    new = [f for f in here if not set(part_facts(f)) <= old]
     if new:
         return sum(pq.read_metadata(f).num_rows for f in new), None
     earlier = {f.name: f.read_bytes() for f in parts(project / EARLIER / "raw")}

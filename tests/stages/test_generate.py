@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from stages import config, generate
-from stages.artifacts.raw import part_fingerprints, parts, read_raw
+from stages.artifacts.raw import part_facts, parts, read_raw
 from stages.engines import EngineError, Sampling
 from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
@@ -160,7 +160,7 @@ def test_a_kill_between_the_first_append_and_the_removal_loses_nothing(
         m.setattr(generate._Earlier, "begun", killed)
         with pytest.raises(KeyboardInterrupt):
             generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
-    assert len({fp for f in parts(out) for fp in part_fingerprints(f)}) == 2  # both there
+    assert len({fp for f in parts(out) for fp in part_facts(f)}) == 2  # both there
     done = generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
     assert done["samples"] == 8 and done["new_samples"] == 6
     assert set(read_raw(out).column("fingerprint").to_pylist()) == {done["fingerprint"]}
