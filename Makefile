@@ -9,19 +9,30 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 .PHONY: setup demo check test test-fast kill-sweep lock target prompts clean sglang-releases params-doc
 
-# Every other package at the version in constraints.txt (the versions CI ran with).
-# pip shows each package as it comes (the first set-up takes minutes).
-$(BIN)/.installed: pyproject.toml constraints.txt
+# One stamp per torch build asked for (TORCH_SPEC and TORCH_INDEX): asking for another one, in
+# an environment that has a torch already, replaces it (pip would keep it as satisfied).
+TORCH_STAMP := $(BIN)/.torch-$(shell printf '%s %s' '$(TORCH_SPEC)' '$(TORCH_INDEX)' | cksum | cut -d' ' -f1)
+
+$(BIN)/python:
 	@echo "[setup] a virtual environment in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	@echo "[setup] $(TORCH_SPEC) $(if $(TORCH_INDEX),from $(TORCH_INDEX),(the CPU build))"
+
+$(TORCH_STAMP): | $(BIN)/python
+	@echo "[setup] $(TORCH_SPEC)$(if $(TORCH_INDEX), from $(TORCH_INDEX))"
+	rm -f $(BIN)/.torch-*
+	$(BIN)/pip uninstall -y torch
 	$(BIN)/pip install --progress-bar off "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	touch $@
+
+# Every other package at the version in constraints.txt (the versions CI ran with), after torch.
+# pip shows each package as it comes (the first set-up takes minutes).
+$(BIN)/.installed: pyproject.toml constraints.txt | $(TORCH_STAMP)
 	@echo "[setup] the project and its dependencies at the versions in constraints.txt"
 	$(BIN)/pip install --progress-bar off -c constraints.txt -e ".[dev]"
 	@echo "[setup] done"
 	touch $@
 
-setup: $(BIN)/.installed
+setup: $(BIN)/.installed $(TORCH_STAMP)
 
 demo: setup
 	$(BIN)/dvc repro
@@ -32,12 +43,14 @@ demo: setup
 	(replayed on the eval split in training: {t['best_replayed_tau']})\")"
 	@echo "report: $(abspath reports/index.html)  (model card: models/card/README.md)"
 
-# Lint, format, types of the library, and the structure (dvc.yaml deps = imports; layering).
+# Lint, format, types of the library, the structure (dvc.yaml deps = imports; layering), and the
+# paths, modules, options, tests and make targets the prose names.
 check: setup
 	$(BIN)/ruff check stages tests tools demo
 	$(BIN)/ruff format --check stages tests tools demo
 	$(BIN)/mypy
 	$(BIN)/python tools/structure.py
+	$(BIN)/python tools/prose_paths.py
 
 # The supported SGLang releases' own source, read by the contract tests (tests/sglang_contract):
 # each wheel from the registry, without dependencies, unpacked under .sglang-releases/<version>/.

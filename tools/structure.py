@@ -30,7 +30,8 @@ LAYERS: dict[str, set[str]] = {
     "engines": {"runtime", "artifacts", "target", "drafter"},
     "serving": {"runtime", "artifacts", "engines"},
     "capture": {"runtime", "target", "drafter", "engines"},
-    "reporting": {"target"},
+    "reports": {"runtime"},
+    "reporting": {"target", "reports"},
 }
 # The stage side besides the stage modules: plumbing every stage may import, the factories that
 # build library objects from params (stages/wiring/), and the commands run by hand
@@ -55,9 +56,11 @@ def module_name(root: Path, path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(root: Path, module: str, parents: bool = True) -> set[str]:
-    """Project modules `module` imports anywhere in its file (function-level imports too), with
-    (`parents`) the packages they sit in: Python runs those `__init__` files first."""
+def imports(
+    root: Path, module: str, parents: bool = True, packages: frozenset[str] = frozenset({PACKAGE})
+) -> set[str]:
+    """Modules of `packages` that `module` imports anywhere in its file (function-level imports
+    too), with (`parents`) the packages they sit in: Python runs those `__init__` files first."""
     path = module_file(root, module)
     is_package = path.name == "__init__.py"
     found: set[str] = set()
@@ -74,7 +77,7 @@ def imports(root: Path, module: str, parents: bool = True) -> set[str]:
         else:
             continue
         for name in names:
-            if name.split(".")[0] == PACKAGE and module_file(root, name):
+            if name.split(".")[0] in packages and module_file(root, name):
                 parts = name.split(".")
                 found.update(
                     ".".join(parts[:i]) for i in range(1 if parents else len(parts), len(parts) + 1)

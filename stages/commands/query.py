@@ -13,7 +13,9 @@ Parameters a question takes ($name) default to params.yaml's values (`buckets`, 
 `seed`, `eval_fraction`) or to `limit` 20, `per_dataset` 3 and `split` train; `-p name=value`
 sets one (a name the question does not take is an error naming those it does). The merge's own
 questions (merged_counts, misplaced_turns, merged_rows) read the merge's plan, built for them
-from the raw parts as the merge stage builds it.
+from the raw parts as the merge stage builds it. `--dataset D` narrows every view with a dataset
+column (the plan too, once built from every dataset) to D's rows before the question runs, so a
+`limit` counts D's rows.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ def main(
         str | None, typer.Argument(help="a named question (none: list them)")
     ] = None,
     sql_text: Annotated[str | None, typer.Option("--sql", help="any SQL instead")] = None,
-    dataset: Annotated[str | None, typer.Option(help="keep this dataset's rows")] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="answer over this dataset's rows alone")
+    ] = None,
     param: Annotated[list[str] | None, typer.Option("--param", "-p", help="name=value")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV instead of a table")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
@@ -84,9 +88,7 @@ def main(
     con, views = _open_views(data_dir, datasets)
     values = defaults(params, data_dir / "merged")
     values.update(_given_values(param or [], text, question))
-    columns, rows = _answer(con, views, text, values)
-    if dataset is not None:
-        rows = _dataset_rows(dataset, columns, rows)
+    columns, rows = _answer(con, views, text, values, dataset)
     _print_result(columns, rows, as_json=as_json, as_csv=as_csv)
 
 
@@ -156,29 +158,28 @@ def _given_values(items: list[str], text: str, question: str | None) -> dict:
 
 
 def _answer(
-    con: duckdb.DuckDBPyConnection, views: list[str], text: str, values: dict
+    con: duckdb.DuckDBPyConnection,
+    views: list[str],
+    text: str,
+    values: dict,
+    dataset: str | None,
 ) -> tuple[list[str], list[tuple]]:
-    """Run `text`; a DuckDB error becomes one line naming the views the session defines."""
+    """Run `text` (over `dataset`'s rows alone, when given); a DuckDB error becomes one line
+    naming the views the session defines."""
     import duckdb
 
-    from ..queries.session import add_plan, needs_plan
+    from ..queries.session import add_plan, keep_dataset, needs_plan
     from ..queries.session import run as run_sql
 
     try:
         if needs_plan(text):
             add_plan(con, values)
+        if dataset is not None:
+            keep_dataset(con, dataset)
         return run_sql(con, text, values)
     except duckdb.Error as err:  # a view that is not there, a typo in the SQL: its first line
         first = str(err).strip().splitlines()[0]
         raise StageError(f"query: {first} (views defined: {', '.join(views)})") from err
-
-
-def _dataset_rows(dataset: str, columns: list[str], rows: list[tuple]) -> list[tuple]:
-    """`--dataset`: the rows of that dataset, for a result that has a dataset column."""
-    if "dataset" not in columns:
-        raise StageError("query: --dataset needs a result with a dataset column")
-    at = columns.index("dataset")
-    return [r for r in rows if r[at] == dataset]
 
 
 def _print_result(columns: list[str], rows: list[tuple], *, as_json: bool, as_csv: bool) -> None:

@@ -22,8 +22,13 @@ PARAM = re.compile(r"\$([a-z_]+)")
 _SENTENCE = re.compile(r"[.?](?=\s|$)")
 
 
+def _literal(text: str) -> str:
+    """`text` as an SQL string literal, for the view definitions (views take no parameters)."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def _files(paths: Sequence[str]) -> str:
-    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+    return "[" + ", ".join(_literal(p) for p in paths) + "]"
 
 
 def description(name: str) -> str:
@@ -112,6 +117,23 @@ def add_plan(con: duckdb.DuckDBPyConnection, params: dict) -> None:
 
 def needs_plan(text: str) -> bool:
     return bool(MERGE_PLAN.search(text))
+
+
+def keep_dataset(con: duckdb.DuckDBPyConnection, dataset: str) -> None:
+    """Narrow every view and table with a `dataset` column to that dataset's rows, so that a
+    question's ORDER BY ... LIMIT picks among them: filtering its answer would come after the
+    LIMIT, and miss a dataset beyond the first rows. The whole of each stays as
+    `<name>_all_datasets`. Build the merge's plan before: it dedupes across datasets."""
+    found = con.execute(
+        "SELECT t.table_name, t.table_type = 'VIEW' FROM information_schema.tables t "
+        "JOIN information_schema.columns c USING (table_catalog, table_schema, table_name) "
+        "WHERE c.column_name = 'dataset'"
+    ).fetchall()
+    kept = f"dataset = {_literal(dataset)}"
+    for name, is_a_view in found:
+        whole = f"{name}_all_datasets"
+        con.execute(f'ALTER {"VIEW" if is_a_view else "TABLE"} "{name}" RENAME TO "{whole}"')
+        con.execute(f'CREATE TEMP VIEW "{name}" AS SELECT * FROM "{whole}" WHERE {kept}')
 
 
 def run(

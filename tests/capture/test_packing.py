@@ -1,4 +1,4 @@
-"""Samples packed into rows (stages/target/packing.py) give each sample's features as a forward of
+"""Samples packed into rows (stages/capture/packing.py) give each sample's features as a forward of
 its own: rotary positions restart at every sample and attention stays inside it, for a Llama
 with llama3 rope scaling, a DeepSeek-V3 (MLA: value heads narrower than the query's, yarn) and a
 Mistral with a sliding window (transformers' own mask from the packed positions), in fp32 on the

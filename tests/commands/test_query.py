@@ -68,6 +68,29 @@ def test_named_question_for_one_dataset(project, monkeypatch, capsys):
     assert all(r.split()[0] == "chat" for r in rows) and count == "(5 rows)"
 
 
+def test_a_dataset_beyond_the_first_rows_is_answered(project, monkeypatch, capsys):
+    """--dataset narrows the views over the Parquet parts before the question's LIMIT: `tools`
+    sorts after `chat`, so filtering the answer would find none of its rows in the first."""
+    args = ["reasoning_unclosed", "-p", "limit=1", "--json"]
+    code, out, err = ask(project, monkeypatch, capsys, *args)
+    assert code == 0 and [r["dataset"] for r in json.loads(out)] == ["chat"], err
+    code, out, err = ask(project, monkeypatch, capsys, *args, "--dataset", "tools")
+    assert code == 0 and [r["sample_id"] for r in json.loads(out)] == ["tools/6"], err
+    sql = "SELECT count(*) AS turns FROM raw"
+    code, out, _ = ask(project, monkeypatch, capsys, "--sql", sql, "--dataset", "tools", "--json")
+    assert json.loads(out) == [{"turns": 8}]
+
+
+def test_the_merge_plan_for_one_dataset_is_the_whole_plan_narrowed(project, monkeypatch, capsys):
+    """The plan dedupes across datasets: it is built from all of them, then narrowed."""
+    _, whole, _ = ask(project, monkeypatch, capsys, "merged_counts", "--json")
+    _, narrowed, _ = ask(
+        project, monkeypatch, capsys, "merged_counts", "--dataset", "tools", "--json"
+    )
+    tools = [r for r in json.loads(whole) if r["dataset"] == "tools"]
+    assert tools and json.loads(narrowed) == tools
+
+
 def test_unclosed_reasoning_and_longest_replies(project, monkeypatch, capsys):
     code, out, _ = ask(project, monkeypatch, capsys, "reasoning_unclosed", "--json")
     rows = json.loads(out)
