@@ -80,8 +80,8 @@ lock: setup
 	  | grep -v "^torch==\|^nvidia-\|^triton==\|^eagle-pipeline"; } > constraints.txt.new
 	mv constraints.txt.new constraints.txt
 
-# docs/params.md from the typed params in stages/config.py (tests/stages/test_params_doc.py fails when
-# it is stale).
+# docs/params.md from the typed params in stages/params/ (tests/stages/test_params_doc.py fails
+# when it is stale).
 params-doc: setup
 	$(BIN)/python tools/params_doc.py
 

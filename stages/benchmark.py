@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig
 
-from . import config
 from .artifacts.merged import iter_rows, split_path
 from .cli import PathOpt, StageError, params_key, run
 from .drafter.export import check_exported, load_drafter
@@ -38,7 +37,22 @@ from .drafter.speculate import (
 )
 from .engines import AuthError, Sampling
 from .engines.sglang import SGLangEngine
-from .runtime.files import write_csv, write_json
+from .params.benchmark import BenchmarkParams, BenchmarkSGLangParams, BenchmarkSource
+from .params.schema import PARAMS_FILE
+from .params.server import SGLangLaunchParams
+from .params.target import TargetParams
+from .reports.benchmark import (
+    GREEDY,
+    BenchmarkReport,
+    InProcessBenchmark,
+    InProcessFigures,
+    InProcessTemperature,
+    ServedBenchmark,
+    ServedFigures,
+    ServedTemperature,
+    greedy_tau,
+)
+from .runtime.files import write_csv
 from .runtime.outputs import remove_stale_temps_around
 from .runtime.progress import Progress
 from .serving.bench import (
@@ -46,12 +60,10 @@ from .serving.bench import (
     check_plain_server,
     check_speculative_server,
     compare,
-    launch_line,
     measure,
     server_facts,
-    speculative_args,
 )
-from .serving.launch import is_healthy
+from .serving.launch import is_healthy, launch_line, speculative_args
 from .sources import SourceError, prompt_messages, read_conversations
 from .target.model import load_causal_lm
 from .target.tokenizer import render_prompt
@@ -69,7 +81,7 @@ def eval_prompts(eval_file: Path, limit: int) -> dict[str, list[list[int]]]:
 
 
 def file_prompts(
-    source: config.BenchmarkSource, tokenizer, template_kwargs: dict, limit: int
+    source: BenchmarkSource, tokenizer, template_kwargs: dict, limit: int
 ) -> list[list[int]]:
     out = []
     for conv in read_conversations(source.path, source.format, columns=source.columns):
@@ -113,21 +125,31 @@ class PairedDecodes:
     base_s: float = 0.0
     identical: int = 0  # prompts whose plain output equals the speculative one
 
-    def figures(self) -> dict:
+    @classmethod
+    def pooled(cls, parts: list[PairedDecodes]) -> PairedDecodes:
+        """Every prompt set's decodes as one: the figures of all of them."""
+        return cls(
+            [r for p in parts for r in p.results],
+            sum(p.spec_s for p in parts),
+            sum(p.base_s for p in parts),
+            sum(p.identical for p in parts),
+        )
+
+    def figures(self) -> InProcessFigures:
         """The prompt set's entry in benchmark.json; plain decoding's tau (1: a token per target
         forward) stands beside the drafter's to compare against."""
         stats = acceptance_stats(self.results)
-        return {
-            "prompts": len(self.results),
-            "tau": round(stats.tau, 4),
-            "conditional": [round(x, 4) for x in stats.conditional],
-            "unconditional": [round(x, 4) for x in stats.unconditional],
-            "verify_steps": stats.verify_steps,
-            "tokens": stats.tokens,
-            "baseline_tau": 1.0,
-            "wall_speedup": round(self.base_s / self.spec_s, 3),
-            "outputs_equal_baseline": self.identical,
-        }
+        return InProcessFigures(
+            prompts=len(self.results),
+            tau=round(stats.tau, 4),
+            conditional=[round(x, 4) for x in stats.conditional],
+            unconditional=[round(x, 4) for x in stats.unconditional],
+            verify_steps=stats.verify_steps,
+            outputs_equal_baseline=self.identical,
+            tokens=stats.tokens,
+            baseline_tau=1.0,
+            wall_speedup=round(self.base_s / self.spec_s, 3),
+        )
 
 
 def decode_paired(
@@ -135,7 +157,7 @@ def decode_paired(
     drafter,
     embed,
     group: list[list[int]],
-    b: config.BenchmarkParams,
+    b: BenchmarkParams,
     temperature: float,
     stop_ids: list[int],
     progress: Progress,
@@ -178,48 +200,34 @@ def benchmark(
     target,
     drafter,
     prompts: dict[str, list[list[int]]],
-    b: config.BenchmarkParams,
+    b: BenchmarkParams,
     stop_ids: list[int],
-) -> dict:
-    """Every prompt set at every temperature, with the drafter and without: the hf report."""
+) -> dict[float, InProcessTemperature]:
+    """Every prompt set at every temperature, with the drafter and without: the hf report's
+    figures per temperature, every set's pooled beside each set's own."""
     embed = target.get_input_embeddings()
-    report: dict = {
-        "num_steps": b.num_steps,
-        "topk": 1,
-        "mode": "chain",
-        "engine": "in-process transformers (KV cache)",
-        "temperatures": {},
-    }
     total = len(b.temperatures) * sum(len(g) for g in prompts.values())
     progress = Progress("benchmark", total)  # each prompt decoded twice: with the drafter, without
+    temperatures = {}
     for temperature in b.temperatures:
-        per: dict = {}
-        all_results: list[SpecResult] = []
-        for name, group in prompts.items():
-            paired = decode_paired(
-                target, drafter, embed, group, b, temperature, stop_ids, progress
-            )
-            per[name] = paired.figures()
-            all_results += paired.results
-        overall = acceptance_stats(all_results)
-        report["temperatures"][str(temperature)] = {
-            "tau": round(overall.tau, 4),
-            "datasets": per,
-            "conditional": [round(x, 4) for x in overall.conditional],
-            "unconditional": [round(x, 4) for x in overall.unconditional],
+        per = {
+            name: decode_paired(target, drafter, embed, group, b, temperature, stop_ids, progress)
+            for name, group in prompts.items()
         }
-    greedy = report["temperatures"].get("0.0")
-    report["tau_greedy"] = greedy and greedy["tau"]
-    return report
+        pooled = PairedDecodes.pooled(list(per.values())).figures()
+        temperatures[temperature] = InProcessTemperature(
+            **vars(pooled), datasets={name: paired.figures() for name, paired in per.items()}
+        )
+    return temperatures
 
 
 def in_process_benchmark(
     prompts: dict[str, list[list[int]]],
-    b: config.BenchmarkParams,
+    b: BenchmarkParams,
     stop_ids: list[int],
-    target: config.TargetParams,
+    target: TargetParams,
     drafter_dir: Path,
-) -> dict:
+) -> InProcessBenchmark:
     """The target and the exported drafter loaded here, decoding one prompt at a time."""
     with params_key("target"):
         model = load_causal_lm(
@@ -228,9 +236,16 @@ def in_process_benchmark(
     drafter, _ = load_drafter(drafter_dir)
     weight = next(model.parameters())  # the drafter runs as the target does, as when served
     drafter = drafter.to(weight.device, weight.dtype).eval()
-    report = benchmark(model, drafter, prompts, b, stop_ids)
-    report["sglang_launch"] = launch_line(target.path, drafter_dir, b.num_steps)
-    return report
+    temperatures = benchmark(model, drafter, prompts, b, stop_ids)
+    return InProcessBenchmark(
+        num_steps=b.num_steps,
+        topk=1,
+        mode="chain",
+        engine="in-process transformers (KV cache)",
+        temperatures=temperatures,
+        tau_greedy=greedy_tau(temperatures),
+        sglang_launch=launch_line(target.path, drafter_dir, b.num_steps),
+    )
 
 
 TAU_CONVENTION = (
@@ -241,8 +256,8 @@ TAU_CONVENTION = (
 
 
 def launch_commands(
-    launch: config.SGLangLaunchParams,
-    target: config.TargetParams,
+    launch: SGLangLaunchParams,
+    target: TargetParams,
     drafter_dir: Path,
     num_steps: int,
 ) -> dict[str, list[str]]:
@@ -258,7 +273,7 @@ def launch_commands(
 
 @contextlib.contextmanager
 def serving(
-    launch: config.SGLangLaunchParams | None, command: list[str], url: str | None
+    launch: SGLangLaunchParams | None, command: list[str], url: str | None
 ) -> Iterator[str]:
     """The url of a running server: the one given, or one started now and stopped after."""
     if launch is None:
@@ -273,7 +288,7 @@ def serving(
         server.stop()
 
 
-def check_server_params(s: config.BenchmarkSGLangParams) -> None:
+def check_server_params(s: BenchmarkSGLangParams) -> None:
     """The servers named one way only, and given ones answering, before any is used: a wrong
     params fails in seconds, naming the key to fix."""
     if s.launch is not None and (s.spec_url or s.base_url):
@@ -292,9 +307,7 @@ def check_server_params(s: config.BenchmarkSGLangParams) -> None:
                 )
 
 
-def sampling_per_temperature(
-    b: config.BenchmarkParams, stop_ids: list[int]
-) -> dict[float, Sampling]:
+def sampling_per_temperature(b: BenchmarkParams, stop_ids: list[int]) -> dict[float, Sampling]:
     """Every sampling value per temperature, sent alike to both servers so that only the
     drafter differs between them."""
     return {
@@ -314,7 +327,7 @@ def measure_server(
     role: str,
     url: str | None,
     command: list[str],
-    b: config.BenchmarkParams,
+    b: BenchmarkParams,
     key: str | None,
     requests: dict[str, list[tuple[str, list[int]]]],
     samplings: dict[float, Sampling],
@@ -353,7 +366,7 @@ def compare_servers(
     temperatures: list[float],
     names: list[str],
     num_steps: int,
-) -> dict[str, dict]:
+) -> dict[float, ServedTemperature]:
     """Per temperature, the speculative server against the base one: over all prompt sets
     pooled, and per set."""
     compared = {}
@@ -361,31 +374,31 @@ def compare_servers(
         spec, base = (
             ServerRun.pooled([runs[role][t, name] for name in names]) for role in ("spec", "base")
         )
-        compared[str(t)] = {
+        compared[t] = ServedTemperature(
             **compare(spec, base, num_steps),
-            "datasets": {
-                name: compare(runs["spec"][t, name], runs["base"][t, name], num_steps)
+            datasets={
+                name: ServedFigures(
+                    **compare(runs["spec"][t, name], runs["base"][t, name], num_steps)
+                )
                 for name in names
             },
-        }
+        )
     return compared
 
 
 def served_benchmark(
     prompts: dict[str, list[list[int]]],
-    b: config.BenchmarkParams,
+    b: BenchmarkParams,
     stop_ids: list[int],
-    target: config.TargetParams,
+    target: TargetParams,
     drafter_dir: Path,
-) -> dict:
+) -> ServedBenchmark:
     """Every prompt set at every temperature on the speculative server, then on the base one
     (never both at once, so a launched pair does not share the GPUs)."""
     s = b.sglang
     key = api_key(s.api_key_env, "benchmark.sglang.api_key_env")
     check_server_params(s)
-    commands = launch_commands(
-        s.launch or config.SGLangLaunchParams(), target, drafter_dir, b.num_steps
-    )
+    commands = launch_commands(s.launch or SGLangLaunchParams(), target, drafter_dir, b.num_steps)
     requests = {
         name: [(f"{name}/{i}", ids) for i, ids in enumerate(group)]
         for name, group in prompts.items()
@@ -399,23 +412,22 @@ def served_benchmark(
             role, url, commands[role], b, key, requests, samplings
         )
     temperatures = compare_servers(runs, list(samplings), list(requests), b.num_steps)
-    greedy = temperatures.get("0.0")
-    return {
-        "num_steps": b.num_steps,
-        "topk": 1,
-        "mode": "chain",
-        "engine": "sglang",
-        "engine_version": servers["spec"].get("version"),
-        "concurrency": s.concurrency,
-        "tau_convention": TAU_CONVENTION,
-        "servers": servers,
-        "temperatures": temperatures,
-        "tau_greedy": greedy and greedy["tau"],
-    }
+    return ServedBenchmark(
+        num_steps=b.num_steps,
+        topk=1,
+        mode="chain",
+        engine="sglang",
+        engine_version=servers["spec"].get("version"),
+        concurrency=s.concurrency,
+        tau_convention=TAU_CONVENTION,
+        servers=servers,
+        temperatures=temperatures,
+        tau_greedy=greedy_tau(temperatures),
+    )
 
 
 def held_out_prompts(
-    merged: Path, b: config.BenchmarkParams, tokenizer, template_kwargs: dict
+    merged: Path, b: BenchmarkParams, tokenizer, template_kwargs: dict
 ) -> dict[str, list[list[int]]]:
     """The eval split's prompts and each benchmark file's, refused where a file or the whole set
     holds none: a tau over no prompt would mean nothing."""
@@ -441,19 +453,19 @@ def held_out_prompts(
     return prompts
 
 
-def acceptance_rows(results: dict, num_steps: int) -> list[dict]:
+def acceptance_rows(results: BenchmarkReport, num_steps: int) -> list[dict]:
     """The plots CSV: one row per temperature, dataset and draft position, for DVC's plots."""
     return [
         {
             "temperature": t,
             "dataset": d,
             "position": j + 1,
-            "conditional": v["conditional"][j],
-            "unconditional": v["unconditional"][j],
+            "conditional": v.conditional[j],
+            "unconditional": v.unconditional[j],
         }
-        for t, tv in results["temperatures"].items()
-        for d, v in tv["datasets"].items()
-        if v["conditional"]
+        for t, tv in results.temperatures.items()
+        for d, v in tv.datasets.items()
+        if v.conditional and v.unconditional
         for j in range(num_steps)
     ]
 
@@ -463,11 +475,11 @@ def main(
     drafter_dir: PathOpt,
     report: PathOpt,
     plot: PathOpt,
-    params: Path = config.PARAMS_FILE,
+    params: Path = PARAMS_FILE,
 ) -> None:
     """Measure acceptance length and speedup of the exported drafter."""
-    b = config.section(config.BenchmarkParams, "benchmark", params)
-    target = config.section(config.TargetParams, "target", params)
+    b = BenchmarkParams.read(params)
+    target = TargetParams.read(params)
     remove_stale_temps_around(report, plot)  # a killed run's half-written report
     with params_key("target"):
         target_config = AutoConfig.from_pretrained(
@@ -477,6 +489,7 @@ def main(
     tokenizer = target_tokenizer(target)
     stop_ids = target_roles(target, tokenizer).stop_ids
     prompts = held_out_prompts(merged, b, tokenizer, target.template_kwargs)
+    results: BenchmarkReport
     if b.mode == "sglang":
         try:
             results = served_benchmark(prompts, b, stop_ids, target, drafter_dir)
@@ -484,13 +497,14 @@ def main(
             raise StageError(f"benchmark.sglang.api_key_env: {err}") from None
     else:
         results = in_process_benchmark(prompts, b, stop_ids, target, drafter_dir)
-    write_json(results, report)
+    results.write(report)
     write_csv(acceptance_rows(results, b.num_steps), plot)
-    greedy = results["temperatures"].get("0.0", {"datasets": {}})
+    greedy = results.temperatures.get(GREEDY)
+    per_set = greedy.datasets.items() if greedy else ()
     print(
-        f"[benchmark] {results['engine']}: tau at T=0: {results['tau_greedy']}  "
-        + "  ".join(f"{d}: {v['tau']}" for d, v in greedy["datasets"].items())
-        + (f"  speedup {greedy['speedup']}" if "speedup" in greedy else "")
+        f"[benchmark] {results.engine}: tau at T={GREEDY:g}: {results.tau_greedy}  "
+        + "  ".join(f"{d}: {v.tau}" for d, v in per_set)
+        + (f"  speedup {greedy.speedup}" if isinstance(greedy, ServedTemperature) else "")
     )
 
 

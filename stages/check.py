@@ -1,27 +1,73 @@
 """check: every key of params.yaml against the typed params, before any other stage runs.
 
-A stage reads only its own section, so a key no stage reads (a typo such as `train.learning_rate`
-for `train.lr`) would rerun nothing and be ignored. This stage depends on the whole params.yaml
-file, so any edit reruns it; every other stage depends on its output, so DVC runs it first and
-stops at its error, one line naming the key and what is allowed, before it has removed or
-rewritten any other stage's outputs. A check that passes writes the same file again, so it
-reruns nothing downstream.
+A stage reads only the sections it needs, so a key no stage reads (a typo such as
+`train.learning_rate` for `train.lr`) would rerun nothing and be ignored. This stage depends on the
+whole params.yaml file, so any edit reruns it; every other stage depends on its output, so DVC runs
+it first and stops at its error, one line naming the key and what is allowed, before it has removed
+or rewritten any other stage's outputs. A check that passes writes the same file again, so it reruns
+nothing downstream.
+
+Beyond the keys' types it checks what a later stage would otherwise find out with a path in its
+error instead of the key: every file params.yaml names exists, every dataset format has an
+adapter, `train.sglang_version` is a release number.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from . import config
 from .cli import PathOpt, run
-from .runtime.files import write_json
+from .drafter.layers import parse_version
+from .params.benchmark import BenchmarkParams, BenchmarkSource
+from .params.datasets import PrepParams, read_datasets
+from .params.schema import PARAMS_FILE
+from .params.sections import check_all
+from .params.target import TargetParams
+from .params.train import TrainParams
+from .reports.check import CheckReport
+from .runtime.errors import ParamsError
+from .sources import FORMATS
 
 
-def main(out: PathOpt, params: Path = config.PARAMS_FILE) -> None:
+def main(out: PathOpt, params: Path = PARAMS_FILE) -> None:
     """Check every key of params.yaml (unknown keys, types, ranges) before any stage runs."""
-    config.check_all(params)  # ParamsError on the first bad key
-    write_json({"params": "checked"}, out)  # the same bytes whenever the check passes
+    check_all(params)  # ParamsError on the first bad key
+    check_inputs(params)
+    CheckReport().write(out)  # the same bytes whenever the check passes
     print(f"[check] {params}: every key known, of its type and in its range")
+
+
+def check_inputs(params: Path) -> None:
+    """The files and names params.yaml points at, each error naming its dotted key."""
+    target = TargetParams.read(params)
+    exists(params, "target.path", target.path, "the target's local Hugging Face directory")
+    if target.chat_template:
+        exists(params, "target.chat_template", target.chat_template, "a Jinja template file")
+    sources: dict[str, PrepParams | BenchmarkSource] = {
+        f"datasets.{n}.prep": d.prep for n, d in read_datasets(params).items()
+    }
+    for n, extra in BenchmarkParams.read(params).datasets.items():
+        sources[f"benchmark.datasets.{n}"] = extra
+    for key, source in sources.items():
+        if source.format not in FORMATS:
+            raise ParamsError(
+                f"{params}:{key}.format: {source.format!r} is no known format; known: "
+                f"{', '.join(FORMATS)} (an adapter in stages/sources/ adds one)"
+            )
+        exists(params, f"{key}.path", source.path, "the dataset's file or folder")
+    version = TrainParams.read(params).sglang_version
+    if version is not None:
+        try:
+            parse_version(version)
+        except ValueError as err:
+            raise ParamsError(f"{params}:train.sglang_version: {err} (or null)") from None
+
+
+def exists(params: Path, key: str, value: str, what: str) -> None:
+    if not Path(value).exists():
+        raise ParamsError(
+            f"{params}:{key}: {value} does not exist ({what}, relative to the project root)"
+        )
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from .engines import EngineError
+from .runtime.errors import EngineError, StageError
 
 # A path the stage's command in dvc.yaml passes (`--out data/...`): paths live in dvc.yaml only.
 PathOpt = Annotated[Path, typer.Option()]
@@ -43,12 +43,9 @@ OPTION_HELP = {
     "train_report": "The train report (JSON).",
     "benchmark_report": "The benchmark report (JSON).",
     "metrics": "The compact metrics to write (JSON, what `dvc metrics diff` reads).",
+    "live": "DVCLive's folder of the run's figures, updated as it trains (omitted: none).",
     "card": "The model card to write (Markdown).",
 }
-
-
-class StageError(RuntimeError):
-    """A stage cannot go on; the message says why and what would fix it."""
 
 
 # OS errors a stage reports in one line: a full disk or quota, a folder it may not write, an

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 
-from . import config
 from .artifacts import hidden
 from .artifacts.hidden import (
     ShardWriter,
@@ -46,6 +45,10 @@ from .capture.buffers import FeatureBuffers
 from .capture.interface import Capture
 from .capture.shards import CaptureTimes, ShardCapture, leading_rows, timed_rate
 from .cli import PathOpt, params_key, run, summary
+from .params.extract import ExtractParams
+from .params.schema import PARAMS_FILE
+from .params.target import TargetParams
+from .reports.extract import ExtractReport
 from .runtime import parallel
 from .runtime.device import resolve_device
 from .runtime.files import remove_with_checksum, write_json
@@ -55,7 +58,7 @@ from .target.tokenizer import model_fingerprint
 from .wiring.capture import DTYPES, ConfigFacts, build_capture, config_only_facts
 
 
-def forward_tokens(params: config.ExtractParams) -> int:
+def forward_tokens(params: ExtractParams) -> int:
     """Tokens one forward of the configured engine holds: the size of the timed batch."""
     if params.engine == "sglang":
         return params.sglang.max_tokens_per_forward
@@ -65,11 +68,11 @@ def forward_tokens(params: config.ExtractParams) -> int:
 def extract(
     merged_dir: Path,
     out_dir: Path,
-    params: config.ExtractParams,
-    target: config.TargetParams,
+    params: ExtractParams,
+    target: TargetParams,
     rank: int = 0,
     world: int = 1,
-) -> dict:
+) -> ExtractReport:
     """Extract into `out_dir`, whose lock rank 0 holds throughout (a second extraction into the
     same folder is refused)."""
     lock = output_lock(out_dir, "extract") if rank == 0 else contextlib.nullcontext()
@@ -80,11 +83,11 @@ def extract(
 def _extract(
     merged_dir: Path,
     out_dir: Path,
-    params: config.ExtractParams,
-    target: config.TargetParams,
+    params: ExtractParams,
+    target: TargetParams,
     rank: int,
     world: int,
-) -> dict:
+) -> ExtractReport:
     """The stage as the steps every rank takes together (barriers inside them): the plan, the
     folder made to match it, the shards left shared out, a timed warm-up, the loop, the index."""
     # store none keeps no features: no target is loaded, its facts come from its config.json
@@ -119,19 +122,19 @@ def _extract(
         for old in hidden.shard_files(out_dir):  # an earlier, longer plan's: the run is done
             if hidden.shard_number(old) >= len(plan):
                 remove_with_checksum(old)
-    return {
-        "tokens": total,
-        "shards": len(plan),
-        "samples": sum(len(shard) for shard in plan),
+    return ExtractReport(
+        tokens=total,
+        shards=len(plan),
+        samples=sum(len(shard) for shard in plan),
         **size,
-        "aux_hf_indices": facts.aux_indices,
-        "world_size": world,
-        "engine": params.engine,
-        "extracted_tokens": left,
-        "tokens_per_s": round(left / seconds, 1) if left else 0.0,
-        "warmup_s": round(warmup_s, 3),  # rank 0's: the first forwards, compilation included
-        "time": times,
-    }
+        aux_hf_indices=facts.aux_indices,
+        world_size=world,
+        engine=params.engine,
+        extracted_tokens=left,
+        tokens_per_s=round(left / seconds, 1) if left else 0.0,
+        warmup_s=round(warmup_s, 3),  # rank 0's: the first forwards, compilation included
+        time=times,
+    )
 
 
 @dataclass(frozen=True)
@@ -153,9 +156,7 @@ class _Shards:
         return sum(r["length"] for k in wanted for r in self.plan[k])
 
 
-def _fingerprint(
-    params: config.ExtractParams, target: config.TargetParams, indices: list[int]
-) -> str:
+def _fingerprint(params: ExtractParams, target: TargetParams, indices: list[int]) -> str:
     """Everything that shapes the shards: a change extracts again. The hf engine and store all
     add nothing, so that shards extracted before those settings existed still match."""
     engine_key = [] if params.engine == "hf" else [params.engine]  # hf keeps its old shard keys
@@ -177,8 +178,8 @@ def _fingerprint(
 
 def _meta(
     fingerprint: str,
-    params: config.ExtractParams,
-    target: config.TargetParams,
+    params: ExtractParams,
+    target: TargetParams,
     facts: Capture | ConfigFacts,
     capture: Capture | None,
     size: dict,
@@ -200,7 +201,7 @@ def _meta(
 
 
 def _storage_line(
-    total: int, size: dict, shards: int, meta: hidden.HiddenMeta, params: config.ExtractParams
+    total: int, size: dict, shards: int, meta: hidden.HiddenMeta, params: ExtractParams
 ) -> str:
     """Rank 0's line on what the run stores, so the disk it takes is known before it is taken."""
     return (
@@ -255,7 +256,7 @@ def _host_buffers(
     mine: list[int],
     size: dict,
     capture: Capture | None,
-    params: config.ExtractParams,
+    params: ExtractParams,
     device: torch.device,
     rank: int,
 ) -> FeatureBuffers | None:
@@ -287,7 +288,7 @@ def _timed_warmup(
     shards: _Shards,
     mine: list[int],
     capture: Capture | None,
-    params: config.ExtractParams,
+    params: ExtractParams,
     left: int,
     groups: int,
     rank: int,
@@ -316,7 +317,7 @@ def _capture_and_write(
     capture: Capture | None,
     buffers: FeatureBuffers | None,
     device: torch.device,
-    params: config.ExtractParams,
+    params: ExtractParams,
     writes: bool,
     rank: int,
     world: int,
@@ -398,19 +399,19 @@ def _barrier(world: int) -> None:
         torch.distributed.barrier()
 
 
-def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.PARAMS_FILE) -> None:
+def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = PARAMS_FILE) -> None:
     """Extract target hidden states (run under torchrun for several GPUs)."""
-    ext = config.section(config.ExtractParams, "extract", params)
-    target = config.section(config.TargetParams, "target", params)
+    ext = ExtractParams.read(params)
+    target = TargetParams.read(params)
     rank, device = parallel.start(resolve_device(target.device))
-    target = config.TargetParams(**{**target.__dict__, "device": str(device)})
+    target = TargetParams(**{**target.__dict__, "device": str(device)})
     if rank.main:
         remove_stale_temps_around(report)  # the folder `out` is cleaned by extract() itself
     with parallel.collective_failures_named(rank):
         metrics = extract(merged, out, ext, target, rank.rank, rank.world)
     if rank.main:
-        write_json(metrics, report)
-        print(summary("extract", metrics))
+        metrics.write(report)
+        print(summary("extract", metrics.to_json()))
     parallel.stop(rank)
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from . import config
 from .artifacts.prompts import PromptSettings, read_prompts
 from .artifacts.raw import (
     RAW_SCHEMA,
@@ -38,7 +37,13 @@ from .artifacts.raw import (
 from .cli import PathOpt, StageError, run, summary
 from .engines import AuthError, Completion, Engine, EngineError, Request, Sampling
 from .engines.turns import Output, RenderPrompt, TurnQueue
-from .runtime.files import remove_with_checksum, write_json
+from .params.datasets import read_dataset, read_datasets
+from .params.generate import GenerateParams
+from .params.schema import PARAMS_FILE
+from .params.target import TargetParams
+from .reports.generate import GenerateReport
+from .reports.record import ReportError
+from .runtime.files import remove_with_checksum
 from .runtime.outputs import output_lock, remove_stale_temps, remove_stale_temps_around
 from .serving.monitor import Backlog, GenerationMonitor, run_backlog
 from .target.history import HistoryRenderer
@@ -113,12 +118,12 @@ def generate_dataset(
     name: str,
     prompts_path: Path,
     out_dir: Path,
-    gen: config.GenerateParams,
+    gen: GenerateParams,
     budget_tokens: int,
-    target: config.TargetParams,
+    target: TargetParams,
     engine=None,
     others: Sequence[Backlog] = (),
-) -> dict:
+) -> GenerateReport:
     """Generate into `out_dir`, holding its lock: a second generation into the same folder is
     refused. A server that refuses the API key fails naming generate.sglang.api_key_env."""
     with output_lock(out_dir, f"generate {name}"):
@@ -134,12 +139,12 @@ def _generate_dataset(
     name: str,
     prompts_path: Path,
     out_dir: Path,
-    gen: config.GenerateParams,
+    gen: GenerateParams,
     budget_tokens: int,
-    target: config.TargetParams,
+    target: TargetParams,
     engine,
     others: Sequence[Backlog],
-) -> dict:
+) -> GenerateReport:
     """The stage as its steps: the raw data earlier runs left, the turns it leaves queued, an
     engine started only if the budget and the queue leave it something to do, then the raw data
     compacted and reported."""
@@ -192,7 +197,7 @@ def _generate_dataset(
     return _report(name, fp, engine_name, table, wanted, existing, queue, budget, elapsed)
 
 
-def _facts_known(recipe: dict, engine, gen: config.GenerateParams, target) -> dict | None:
+def _facts_known(recipe: dict, engine, gen: GenerateParams, target) -> dict | None:
     """The generation facts before any engine is started: the hf engine's are in params, a
     server's are known once it answers (None until then)."""
     if engine is None and gen.engine != "hf":
@@ -441,38 +446,38 @@ def _report(
     queue: TurnQueue,
     budget: _Budget,
     elapsed: float,
-) -> dict:
+) -> GenerateReport:
     """reports/generate/<name>.json: what the raw data holds, which a rerun that generated
     nothing compares (RUN_ONLY aside), and what this run added and how fast."""
     reasons = table.column("finish_reason").to_pylist()
     samples = pc.count_distinct(table.column("sample_id")).as_py()
-    return {
-        "dataset": name,
-        "samples": samples,
-        "prompts": len(wanted),
-        "new_samples": samples - pc.count_distinct(existing.column("sample_id")).as_py(),
-        "turns": table.num_rows,
-        "new_turns": budget.new,
-        "stopped_at_prompt_limit": queue.stopped_at_limit,
-        "tokens": budget.tokens,
-        "budget_tokens": budget.limit,
-        "budget_overshoot_tokens": max(budget.tokens - budget.limit, 0),
-        "budget_reached": budget.tokens >= budget.limit,
-        "failed": reasons.count("abort"),
-        "tokens_per_s": round((budget.tokens - budget.used) / elapsed, 1) if budget.new else None,
-        "engine": engine_name,
-        "fingerprint": fp,
-    }
+    return GenerateReport(
+        dataset=name,
+        samples=samples,
+        prompts=len(wanted),
+        new_samples=samples - pc.count_distinct(existing.column("sample_id")).as_py(),
+        turns=table.num_rows,
+        new_turns=budget.new,
+        stopped_at_prompt_limit=queue.stopped_at_limit,
+        tokens=budget.tokens,
+        budget_tokens=budget.limit,
+        budget_overshoot_tokens=max(budget.tokens - budget.limit, 0),
+        budget_reached=budget.tokens >= budget.limit,
+        failed=reasons.count("abort"),
+        tokens_per_s=round((budget.tokens - budget.used) / elapsed, 1) if budget.new else None,
+        engine=engine_name,
+        fingerprint=fp,
+    )
 
 
 def main(
-    dataset: str, prompts: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.PARAMS_FILE
+    dataset: str, prompts: PathOpt, out: PathOpt, report: PathOpt, params: Path = PARAMS_FILE
 ) -> None:
     """Generate the target's replies for one dataset: prompts file -> raw directory."""
-    ds = config.dataset(dataset, params)
-    budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}
-    gen = config.section(config.GenerateParams, "generate", params)
-    target = config.section(config.TargetParams, "target", params)
+    ds = read_dataset(dataset, params)
+    budgets = {n: d.generate.budget_tokens for n, d in read_datasets(params).items()}
+    gen = GenerateParams.read(params)
+    target = TargetParams.read(params)
     remove_stale_temps_around(out, report)
     metrics = generate_dataset(
         dataset,
@@ -483,25 +488,21 @@ def main(
         target,
         others=run_backlog(budgets, prompts.parent, out.parent),
     )
-    if not metrics["new_turns"] and _describes(report, metrics):
+    if not metrics.new_turns and _describes(report, metrics):
         print(f"[generate {dataset}] {report} kept: it describes the output, which is unchanged")
     else:
-        write_json(metrics, report)
-    print(summary(f"generate {dataset}", metrics))
+        metrics.write(report)
+    print(summary(f"generate {dataset}", metrics.to_json()))
 
 
-# What a run did rather than what its output holds: a rerun that generated nothing keeps the
-# report of the run that did, so the report (a DVC output) hashes as before.
-RUN_ONLY = ("new_samples", "new_turns", "tokens_per_s", "engine")
-
-
-def _describes(report: Path, metrics: dict) -> bool:
-    """Whether the report already there describes the same output as `metrics`."""
+def _describes(report: Path, metrics: GenerateReport) -> bool:
+    """Whether the report already there describes the same output as `metrics` (a rerun that
+    generated nothing keeps the report of the run that did, so it hashes as before)."""
     try:
-        before = json.loads(report.read_text())
-    except (OSError, ValueError):
+        before = GenerateReport.read(report)
+    except ReportError:
         return False
-    return all(before.get(k) == v for k, v in metrics.items() if k not in RUN_ONLY)
+    return before.describes_as(metrics)
 
 
 if __name__ == "__main__":

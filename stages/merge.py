@@ -22,11 +22,14 @@ from pathlib import Path
 
 import duckdb
 
-from . import config
 from .artifacts import merged
 from .cli import PathOpt, StageError, run
+from .params.datasets import read_datasets
+from .params.merge import MergeParams
+from .params.schema import PARAMS_FILE
 from .queries import file_list, open_samples, rows, sql
-from .runtime.files import atomic_path, temp_path, write_json
+from .reports.merge import MergeCounts, MergeReport, SplitsByDataset, SplitTotals
+from .runtime.files import atomic_path, temp_path
 from .runtime.outputs import output_lock, remove_stale_temps_around
 from .wiring.artifacts import raw_files
 
@@ -42,7 +45,7 @@ COUNTS = (
 )
 
 
-def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> dict:
+def merge(raw_dirs: list[Path], out_dir: Path, params: MergeParams) -> MergeReport:
     files = raw_files(raw_dirs, "merge")
     spill_dir = temp_path(out_dir / "spill", os.getpid())  # removed by a rerun if killed
     spill_dir.mkdir(parents=True, exist_ok=True)
@@ -61,21 +64,23 @@ def merge(raw_dirs: list[Path], out_dir: Path, params: config.MergeParams) -> di
         ) from None
     finally:
         shutil.rmtree(spill_dir, ignore_errors=True)
-    totals: dict = {"train": {}, "eval": {}}
+    totals: dict[str, dict[str, MergeCounts]] = {"train": {}, "eval": {}}
     for r in per:
-        totals[r["split"]][r["dataset"]] = {k: int(r[k] or 0) for k in COUNTS}
-    summary = {
-        split: {k: sum(d[k] for d in by.values()) for k in COUNTS} for split, by in totals.items()
-    }
-    if not summary["train"]["samples"]:
+        totals[r["split"]][r["dataset"]] = MergeCounts(**{k: int(r[k] or 0) for k in COUNTS})
+    by_dataset = SplitsByDataset(**totals)
+    summary = SplitTotals(
+        train=MergeCounts.total(by_dataset.train.values()),
+        eval=MergeCounts.total(by_dataset.eval.values()),
+    )
+    if not summary.train.samples:
         raise StageError(
             "merge: the train split is empty; lower merge.eval_fraction or generate more samples"
         )
-    return {"summary": summary, "per_dataset": totals}
+    return MergeReport(summary=summary, per_dataset=by_dataset)
 
 
 def run_queries(
-    con: duckdb.DuckDBPyConnection, files: list[str], out_dir: Path, params: config.MergeParams
+    con: duckdb.DuckDBPyConnection, files: list[str], out_dir: Path, params: MergeParams
 ) -> list[dict]:
     """The plan, its checks and both split files, over `con`; the counts per dataset and split."""
     con.execute(sql("raw_ids").replace("$raw_files", file_list(files)))
@@ -115,15 +120,15 @@ def run_queries(
     return rows(con, "merged_counts")
 
 
-def main(raw: PathOpt, out: PathOpt, report: PathOpt, params: Path = config.PARAMS_FILE) -> None:
+def main(raw: PathOpt, out: PathOpt, report: PathOpt, params: Path = PARAMS_FILE) -> None:
     """Merge, dedupe, shuffle and split all generated datasets (raw dir -> merged dir)."""
-    merge_params = config.section(config.MergeParams, "merge", params)
-    names = sorted(config.datasets(params))
+    merge_params = MergeParams.read(params)
+    names = sorted(read_datasets(params))
     with output_lock(out, "merge"):
         remove_stale_temps_around(out, report)
         metrics = merge([raw / n for n in names], out, merge_params)
-        write_json(metrics, report)
-    print(f"[merge] {metrics['summary']}")
+        metrics.write(report)
+    print(f"[merge] {metrics.to_json()['summary']}")
 
 
 if __name__ == "__main__":

@@ -19,10 +19,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import config
 from .artifacts.prompts import PromptSettings, write_prompts
 from .cli import PathOpt, StageError, run, summary
-from .runtime.files import write_json
+from .params.datasets import ExpectParams, PrepParams, read_dataset
+from .params.schema import PARAMS_FILE
+from .params.target import TargetParams
+from .reports.prep import PrepReport
 from .runtime.outputs import remove_stale_temps_around
 from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
 from .target.template import ChatTemplate, TemplateError, TurnPlan
@@ -109,7 +111,7 @@ def prompt_row(
 
 def prompt_rows(
     name: str,
-    prep: config.PrepParams,
+    prep: PrepParams,
     settings: PromptSettings,
     template: ChatTemplate,
     roles: TokenRoles,
@@ -154,7 +156,7 @@ def prompt_rows(
         yield prompt_row(name, sample_id, messages, segments, conv.tools, plan, roles, settings)
 
 
-def sample(rows: Iterable[dict], prep: config.PrepParams, tally: Tally) -> list[dict]:
+def sample(rows: Iterable[dict], prep: PrepParams, tally: Tally) -> list[dict]:
     """At most max_samples rows, those of lowest seeded rank, in sample id order: the pick does
     not depend on the source's order, nor the output's bytes on it."""
     keep: list[tuple[int, str, dict]] = []  # max-heap by -rank: the N lowest seeded ranks
@@ -170,9 +172,9 @@ def sample(rows: Iterable[dict], prep: config.PrepParams, tally: Tally) -> list[
 
 def prepare(
     name: str,
-    prep: config.PrepParams,
-    expect: config.ExpectParams,
-    target: config.TargetParams,
+    prep: PrepParams,
+    expect: ExpectParams,
+    target: TargetParams,
     out: Path,
     report: Path,
 ) -> dict:
@@ -202,14 +204,14 @@ def prepare(
         max(1 + len(row["turn_deltas"]), len(row["turn_messages"])) for row in selected
     )
     write_prompts(selected, out, settings)
-    write_json({"dataset": name, **counts, "malformed_examples": tally.malformed[:5]}, report)
+    PrepReport(dataset=name, **counts, malformed_examples=tally.malformed[:5]).write(report)
     return counts
 
 
-def main(dataset: str, out: PathOpt, report: PathOpt, params: Path = config.PARAMS_FILE) -> None:
+def main(dataset: str, out: PathOpt, report: PathOpt, params: Path = PARAMS_FILE) -> None:
     """Build the prompt ids of one dataset."""
-    ds = config.dataset(dataset, params)
-    target = config.section(config.TargetParams, "target", params)
+    ds = read_dataset(dataset, params)
+    target = TargetParams.read(params)
     remove_stale_temps_around(out, report)
     counts = prepare(dataset, ds.prep, ds.expect, target, out, report)
     print(summary(f"prep {dataset}", counts))

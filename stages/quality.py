@@ -11,16 +11,20 @@ tool calls cut, everything truncated) stops the run before extraction and traini
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
-from . import config
 from .cli import PathOpt, StageError, run
+from .params.datasets import ExpectParams, read_datasets
+from .params.quality import QualityParams
+from .params.schema import PARAMS_FILE
 from .queries.quality import QUESTIONS, quality_answers
-from .runtime.files import write_csv, write_json, write_text
+from .reports.prep import PrepReport
+from .reports.quality import DatasetQuality, QualityReport
+from .runtime.files import write_csv, write_text
 from .runtime.outputs import remove_stale_temps_around
 from .wiring.artifacts import raw_files
 
@@ -44,11 +48,11 @@ class Threshold:
     at_least: bool  # the limit is a minimum (else a maximum)
     expects: str | None = None  # the ExpectParams flag the rule needs (None: every dataset)
 
-    def applies(self, row: dict, expect: config.ExpectParams) -> bool:
+    def applies(self, row: dict, expect: ExpectParams) -> bool:
         """A share nobody expects, or one with no row, proves nothing about the capture."""
         return bool(row) and (self.expects is None or getattr(expect, self.expects))
 
-    def missed(self, dataset: str, row: dict, q: config.QualityParams) -> str | None:
+    def missed(self, dataset: str, row: dict, q: QualityParams) -> str | None:
         """The failure, worded so the reader knows the dataset, the number and the key to change."""
         value, limit = row[self.share], getattr(q, self.key)
         if not ((value < limit) if self.at_least else (value > limit)):
@@ -115,9 +119,7 @@ def rows_by_dataset(answers: dict, names: Iterable[str]) -> dict[str, dict[str, 
     }
 
 
-def gate(
-    answers: dict, expect: dict[str, config.ExpectParams], q: config.QualityParams
-) -> list[str]:
+def gate(answers: dict, expect: dict[str, ExpectParams], q: QualityParams) -> list[str]:
     """Every threshold a dataset misses: a sentence naming the dataset, the number and the key."""
     failures = []
     by = rows_by_dataset(answers, expect)
@@ -132,11 +134,13 @@ def gate(
     return failures
 
 
-def metrics(answers: dict, prep_reports: dict[str, dict], failures: list[str]) -> dict:
+def metrics(
+    answers: dict, prep_reports: dict[str, PrepReport], failures: list[str]
+) -> QualityReport:
     """The flat per-dataset numbers DVC diffs between runs."""
-    out: dict = {"gate_passed": not failures, "datasets": {}}
+    datasets = {}
     for name, prep in prep_reports.items():
-        entry = {k: prep.get(k) for k in ("rows", "kept", "duplicate", "too_long", "malformed")}
+        entry: dict[str, Any] = dict(prep_counts(prep))
         for q in (q for q in QUESTIONS if q != "length_distribution"):  # one row per dataset
             row: dict = next((r for r in answers[q] if r["dataset"] == name), {})
             entry.update({k: _plain(v) for k, v in row.items() if k != "dataset"})
@@ -144,8 +148,19 @@ def metrics(answers: dict, prep_reports: dict[str, dict], failures: list[str]) -
             if r["dataset"] == name:
                 entry[f"{r['measure']}_p50"] = _plain(r["p50"])
                 entry[f"{r['measure']}_p95"] = _plain(r["p95"])
-        out["datasets"][name] = entry
-    return out
+        datasets[name] = DatasetQuality(**entry)
+    return QualityReport(gate_passed=not failures, datasets=datasets)
+
+
+def prep_counts(prep: PrepReport) -> dict[str, int]:
+    """What the quality report shows of a dataset's prep report."""
+    return {
+        "rows": prep.rows,
+        "kept": prep.kept,
+        "duplicate": prep.duplicate,
+        "too_long": prep.too_long,
+        "malformed": prep.malformed,
+    }
 
 
 def _plain(v):
@@ -155,19 +170,11 @@ def _plain(v):
     return round(v, 4) if isinstance(v, float) else v
 
 
-def markdown(answers: dict, prep_reports: dict, failures: list[str]) -> str:
+def markdown(answers: dict, prep_reports: dict[str, PrepReport], failures: list[str]) -> str:
     lines = ["# Quality report", "", "Gate: **passed**" if not failures else "Gate: **FAILED**", ""]
     lines += [f"- {f}" for f in failures]
     lines += ["", "## Prompts (prep)", ""]
-    lines += _table(
-        [
-            {
-                "dataset": k,
-                **{c: v.get(c) for c in ("rows", "kept", "duplicate", "too_long", "malformed")},
-            }
-            for k, v in prep_reports.items()
-        ]
-    )
+    lines += _table([{"dataset": k, **prep_counts(v)} for k, v in prep_reports.items()])
     titles = {
         "length_distribution": "Length distributions (tokens)",
         "reasoning_presence": "Reasoning presence",
@@ -198,11 +205,11 @@ def main(
     report: PathOpt,
     summary: PathOpt,
     plot: PathOpt,
-    params: Path = config.PARAMS_FILE,
+    params: Path = PARAMS_FILE,
 ) -> None:
     """Answer the quality questions and apply the gate."""
-    q = config.section(config.QualityParams, "quality", params)
-    datasets = config.datasets(params)
+    q = QualityParams.read(params)
+    datasets = read_datasets(params)
     remove_stale_temps_around(report, summary, plot)
     answers = answer(
         {n: raw_dir / n for n in datasets},
@@ -210,12 +217,12 @@ def main(
         q.histogram_buckets,
     )
     prep_reports = {
-        n: json.loads((prep_dir / f"{n}.json").read_text())
+        n: PrepReport.read(prep_dir / f"{n}.json")
         for n in datasets
         if (prep_dir / f"{n}.json").exists()
     }
     failures = gate(answers, {n: d.expect for n, d in datasets.items()}, q)
-    write_json(metrics(answers, prep_reports, failures), report)
+    metrics(answers, prep_reports, failures).write(report)
     write_text(markdown(answers, prep_reports, failures), summary)
     write_csv(answers["length_histogram"], plot, HISTOGRAM_COLUMNS)
     if failures:

@@ -23,17 +23,29 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import config
 from .cli import PathOpt, run
+from .params.datasets import DatasetParams, read_datasets
+from .params.quality import QualityParams
+from .params.report import CardParams, ReportParams
+from .params.schema import PARAMS_FILE
+from .params.target import TargetParams
+from .params.train import TrainParams
 from .queries import open_samples, rows
 from .queries.quality import quality_answers
-from .reporting.card import CardFacts, model_card, vllm_command
-from .reporting.page import ReportData, SampleView, render
+from .reporting.card import CardFacts, model_card, serving_commands
+from .reporting.page import ReportData, SampleView, Serving, render
 from .reporting.samples import sample_views
 from .reporting.summary import run_metrics
-from .runtime.files import write_json, write_text
+from .reports.benchmark import BenchmarkReport, read_benchmark
+from .reports.extract import ExtractReport
+from .reports.generate import GenerateReport
+from .reports.merge import MergeReport
+from .reports.metrics import RunMetrics
+from .reports.train import TrainReport
+from .reports.vocab import VocabReport
+from .runtime.files import write_text
 from .runtime.outputs import remove_stale_temps_around
-from .serving.bench import launch_line
+from .serving.launch import launch_line
 from .wiring.artifacts import raw_files
 from .wiring.target import target_roles, target_tokenizer
 
@@ -73,10 +85,10 @@ class RawViews:
 
 def raw_views(
     raw_dir: Path,
-    datasets: dict[str, config.DatasetParams],
-    p: config.ReportParams,
-    q: config.QualityParams,
-    target: config.TargetParams,
+    datasets: dict[str, DatasetParams],
+    p: ReportParams,
+    q: QualityParams,
+    target: TargetParams,
 ) -> RawViews:
     """Asked of the verified raw parts themselves, as the quality stage asks them (the same SQL),
     plus the failures and the decoded samples only the page shows."""
@@ -97,14 +109,14 @@ class StageReports:
     """The earlier stages' reports, read together: the metrics, the card and the page each draw
     on several of them."""
 
-    generate: dict[str, dict]  # per dataset
-    merge: dict
-    vocab: dict
-    extract: dict
-    train: dict
-    benchmark: dict
+    generate: dict[str, GenerateReport]  # per dataset
+    merge: MergeReport
+    vocab: VocabReport
+    extract: ExtractReport
+    train: TrainReport
+    benchmark: BenchmarkReport
 
-    def metrics(self, answers: dict, datasets: dict[str, config.DatasetParams]) -> dict:
+    def metrics(self, answers: dict, datasets: dict[str, DatasetParams]) -> RunMetrics:
         """The figures of reports/metrics.json, each dataset judged by what it is expected to
         hold (reasoning, tool calls)."""
         return run_metrics(
@@ -136,13 +148,13 @@ class ServedDrafter:
 
 
 def served_drafter(
-    card: config.CardParams, target: config.TargetParams, drafter_dir: Path, reports: StageReports
+    card: CardParams, target: TargetParams, drafter_dir: Path, reports: StageReports
 ) -> ServedDrafter:
     """The layer ids as trained beside those the export gives each server, so that a mismatch
     shows; the chain depth the benchmark ran."""
     drafter_config = read_json(drafter_dir / "config.json")
     layer_ids = {
-        "hf": reports.extract.get("aux_hf_indices"),
+        "hf": reports.extract.aux_hf_indices,
         "sglang": (drafter_config.get("eagle_config") or {}).get(
             "eagle_aux_hidden_state_layer_ids"
         ),
@@ -151,13 +163,13 @@ def served_drafter(
     return ServedDrafter(
         model=card.base_model or target.path,
         drafter_dir=drafter_dir,
-        num_steps=int(reports.benchmark.get("num_steps") or 3),
+        num_steps=reports.benchmark.num_steps,
         layer_ids=layer_ids,
     )
 
 
 def card_facts(
-    card: config.CardParams,
+    card: CardParams,
     served: ServedDrafter,
     sglang_version: str | None,
     names: list[str],
@@ -165,7 +177,6 @@ def card_facts(
 ) -> CardFacts:
     """What the model card states: the card params, the data mix, the measured tau and the
     training figures, each from the stage that knows it."""
-    temps = reports.benchmark.get("temperatures", {})
     vocab, train = reports.vocab, reports.train
     return CardFacts(
         title=card.title or f"EAGLE-3 draft model for {served.model}",
@@ -176,30 +187,26 @@ def card_facts(
         drafter_dir=str(served.drafter_dir),
         num_steps=served.num_steps,
         sglang_command=served.sglang_command,
-        data_mix=[
-            {"dataset": n, **reports.merge.get("per_dataset", {}).get("train", {}).get(n, {})}
-            for n in names
-        ],
+        data_mix={n: reports.merge.per_dataset.train.get(n) for n in names},
         layer_ids=served.layer_ids,
         sglang_version=sglang_version,
         tau={
-            t: {**{d: v.get("tau") for d, v in r.get("datasets", {}).items()}, "all": r.get("tau")}
-            for t, r in temps.items()
+            t: {**{d: v.tau for d, v in r.datasets.items()}, "all": r.tau}
+            for t, r in reports.benchmark.temperatures.items()
         },
         training={
-            "steps": train.get("steps"),
-            "best step (by replayed tau)": train.get("best_step"),
-            "replayed tau on the eval split": train.get("best_replayed_tau"),
-            "draft vocabulary": f"{vocab.get('draft_vocab_size')} of "
-            f"{vocab.get('target_vocab_size')} target ids, covering "
-            f"{(vocab.get('coverage') or 0):.1%} of supervised tokens",
+            "steps": train.steps,
+            "best step (by replayed tau)": train.best_step,
+            "replayed tau on the eval split": train.best_replayed_tau,
+            "draft vocabulary": f"{vocab.draft_vocab_size} of {vocab.target_vocab_size} target "
+            f"ids, covering {vocab.coverage:.1%} of supervised tokens",
         },
     )
 
 
 def report_data(
     target_path: str,
-    summary: dict,
+    summary: RunMetrics,
     raw: RawViews,
     reports: StageReports,
     served: ServedDrafter,
@@ -209,6 +216,9 @@ def report_data(
 ) -> ReportData:
     """Everything the page shows, the training curves read from the plots CSVs train wrote."""
     layer_ids, drafter_dir = served.layer_ids, str(served.drafter_dir)
+    commands = serving_commands(
+        served.model, drafter_dir, served.num_steps, served.sglang_command, layer_ids["vllm"]
+    )
     return ReportData(
         title="EAGLE-3 pipeline report",
         target=target_path,
@@ -222,16 +232,15 @@ def report_data(
         train_evals=read_csv(plots / "train_evals.csv"),
         train_acceptance=read_csv(plots / "train_acceptance.csv"),
         benchmark=reports.benchmark,
-        serving={
-            "layer_ids": {
+        serving=Serving(
+            layer_ids={
                 "trained on (HF hidden_states indices)": layer_ids["hf"],
                 "SGLang (eagle_config.eagle_aux_hidden_state_layer_ids)": layer_ids["sglang"],
                 "vLLM (eagle_aux_hidden_state_layer_ids)": layer_ids["vllm"],
             },
-            "sglang_command": served.sglang_command,
-            "vllm_command": vllm_command(served.model, drafter_dir, served.num_steps),
-            "card": card,
-        },
+            commands=commands,
+            card=str(card),
+        ),
         max_chars=max_chars,
     )
 
@@ -249,29 +258,29 @@ def main(
     out: PathOpt,
     metrics: PathOpt,
     card: PathOpt,
-    params: Path = config.PARAMS_FILE,
+    params: Path = PARAMS_FILE,
 ) -> None:
     """Write the HTML report, the compact metrics and the model card."""
-    p = config.section(config.ReportParams, "report", params)
-    q = config.section(config.QualityParams, "quality", params)
-    target = config.section(config.TargetParams, "target", params)
-    train_params = config.section(config.TrainParams, "train", params)
-    datasets = config.datasets(params)
+    p = ReportParams.read(params)
+    q = QualityParams.read(params)
+    target = TargetParams.read(params)
+    train_params = TrainParams.read(params)
+    datasets = read_datasets(params)
     remove_stale_temps_around(out, metrics, card)
-    raw = raw_views(raw_dir, datasets, p, q, target)
-    reports = StageReports(
-        generate={n: read_json(generate_dir / f"{n}.json") for n in raw.datasets},
-        merge=read_json(merge_report),
-        vocab=read_json(vocab_report),
-        extract=read_json(extract_report),
-        train=read_json(train_report),
-        benchmark=read_json(benchmark_report),
+    reports = StageReports(  # first: a report its stage must write again stops the stage at once
+        generate={n: GenerateReport.read(generate_dir / f"{n}.json") for n in datasets},
+        merge=MergeReport.read(merge_report),
+        vocab=VocabReport.read(vocab_report),
+        extract=ExtractReport.read(extract_report),
+        train=TrainReport.read(train_report),
+        benchmark=read_benchmark(benchmark_report),
     )
+    raw = raw_views(raw_dir, datasets, p, q, target)
     summary = reports.metrics(raw.answers, datasets)
     served = served_drafter(p.card, target, drafter_dir, reports)
     facts = card_facts(p.card, served, train_params.sglang_version, raw.datasets, reports)
     page = render(report_data(target.path, summary, raw, reports, served, plots, card, p.max_chars))
-    write_json(summary, metrics)
+    summary.write(metrics)
     write_text(model_card(facts), card)
     write_text(page, out)
     print(f"[report] {out.resolve()}  metrics: {metrics}  model card: {card}")

@@ -20,9 +20,11 @@ in models/drafter/training_args.json).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig
 
-from . import config
 from .artifacts import hidden
 from .artifacts.hidden import HiddenStates
 from .cli import PathOpt, StageError, params_key, run, summary
@@ -44,6 +45,11 @@ from .drafter.training import (
     compiles,
     train,
 )
+from .params.extract import ExtractParams
+from .params.schema import PARAMS_FILE, speed_only_keys
+from .params.target import TargetParams
+from .params.train import TrainParams
+from .reports.train import STORED, TrainReport
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
 from .runtime.files import ChecksumError, remove_path, verify_checksum, write_csv, write_json
@@ -64,32 +70,29 @@ def build_drafter(
     return drafter
 
 
-def settings(p: config.TrainParams, train_samples: int) -> LoopSettings:
+# The loop settings the params do not hold as such: derived from them.
+DERIVED_SETTINGS = ("total_steps", "warmup_steps", "compile")
+
+
+def settings(p: TrainParams, train_samples: int) -> LoopSettings:
+    """The loop's settings: each train key of the same name, and those derived from the keys."""
     steps_per_epoch = math.ceil(train_samples / p.batch_size)
     total = p.max_steps or max(1, math.ceil(steps_per_epoch * p.epochs))
+    same_name = {
+        f.name: getattr(p, f.name)
+        for f in dataclasses.fields(LoopSettings)
+        if f.name not in DERIVED_SETTINGS
+    }
     return LoopSettings(
-        ttt_steps=p.ttt_steps,
-        decay=p.decay,
+        **same_name,
         total_steps=total,
-        batch_size=p.batch_size,
-        lr=p.lr,
-        min_lr_ratio=p.min_lr_ratio,
         warmup_steps=max(1, int(total * p.warmup_ratio)),
-        weight_decay=p.weight_decay,
-        grad_clip=p.grad_clip,
-        eval_every=p.eval_every,
-        eval_num_steps=p.eval_num_steps,
-        eval_max_samples=p.eval_max_samples,
-        checkpoint_every=p.checkpoint_every,
-        seed=p.seed,
-        length_window=p.length_window,
         compile=p.compile is not False,
-        fp8=p.fp8,
     )
 
 
 # Params that change how fast a run computes, not what it trains: changing them resumes the run.
-SPEED_ONLY = ("device", "cpu_threads", "compile")
+SPEED_ONLY = speed_only_keys(TrainParams)
 
 # The evaluations' figures per step, for the report and `dvc plots`
 EVAL_COLUMNS = ("step", "replayed_tau", "simulated_tau")
@@ -99,7 +102,7 @@ EVAL_COLUMNS = ("step", "replayed_tau", "simulated_tau")
 CHECKPOINT_FORMAT = 3
 
 
-def run_identity(p: config.TrainParams, features: str, vocab_file: Path) -> dict:
+def run_identity(p: TrainParams, features: str, vocab_file: Path) -> dict:
     """What checkpoints belong to: the params that change the drafter (all but SPEED_ONLY), the
     features' fingerprint and the vocabulary file's hash."""
     return {
@@ -174,12 +177,13 @@ def main(
     out_dir: PathOpt,
     report: PathOpt,
     plots: PathOpt,
-    params: Path = config.PARAMS_FILE,
+    live: Path | None = None,
+    params: Path = PARAMS_FILE,
 ) -> None:
     """Train the drafter (torchrun for several GPUs) and export the best checkpoint."""
-    p = config.section(config.TrainParams, "train", params)
-    target = config.section(config.TargetParams, "target", params)
-    extract = config.section(config.ExtractParams, "extract", params)  # online: its engine
+    p = TrainParams.read(params)
+    target = TargetParams.read(params)
+    extract = ExtractParams.read(params)  # online: its engine
     rank, device = parallel.start(resolve_device(p.device))
     # rank 0 holds the checkpoint folder's lock for the whole run: a second training writing the
     # same checkpoints is refused
@@ -204,6 +208,7 @@ def main(
                 out_dir,
                 report,
                 plots,
+                live,
             )
         except ChecksumError as err:
             raise StageError(
@@ -214,9 +219,9 @@ def main(
 
 
 def _train(
-    p: config.TrainParams,
-    target: config.TargetParams,
-    extract: config.ExtractParams,
+    p: TrainParams,
+    target: TargetParams,
+    extract: ExtractParams,
     rank: parallel.Rank,
     device: torch.device,
     hidden_dir: Path,
@@ -225,15 +230,9 @@ def _train(
     out_dir: Path,
     report: Path,
     plots: Path,
+    live: Path | None,
 ) -> None:
-    if device.type == "cpu":
-        set_cpu_threads(p.cpu_threads)
-    if p.batch_size % rank.world:
-        raise StageError(
-            f"train.batch_size: {p.batch_size} samples do not split evenly over "
-            f"{rank.world} processes; use a multiple of {rank.world}"
-        )
-    torch.manual_seed(p.seed)
+    _prepare(p, rank, device)
     meta = hidden.read_meta(hidden_dir)
     target_config, drafter = _servable_drafter(p, target, meta, vocab_file)
     embed, head = embedding_and_head(target.path)
@@ -255,19 +254,64 @@ def _train(
             + (", features from the target on each batch (extract.store none)" if online else "")
         )
     objective = Objective(drafter, embed, head, p.ttt_steps, p.decay)
-    history = train(
-        objective, train_set, eval_set, s, checkpoint_dir, device, rank, features=features
-    )
+    resumed = (checkpoint_dir / "last.pt").exists()
+    with live_log(live if rank.main else None, resumed) as observe:
+        history = train(
+            objective,
+            train_set,
+            eval_set,
+            s,
+            checkpoint_dir,
+            device,
+            rank,
+            features=features,
+            observe=observe,
+        )
     if rank.main:
         _export_best(drafter, checkpoint_dir, out_dir, target_config, p, meta)
-        features_from = f"online {meta.engine or 'hf'}" if online else "stored"
+        features_from = f"online {meta.engine or 'hf'}" if online else STORED
         compiled = compiles(s.compile, device) and history.compile_failed_at is None
         _write_reports(history, s, p, (rank.world, features_from, compiled), report, plots)
         remove_path(checkpoint_dir / EARLIER)  # this run is complete: the earlier one goes
 
 
+def _prepare(p: TrainParams, rank: parallel.Rank, device: torch.device) -> None:
+    """The process's threads and seed, and a batch that splits over the ranks."""
+    if device.type == "cpu":
+        set_cpu_threads(p.cpu_threads)
+    if p.batch_size % rank.world:
+        raise StageError(
+            f"train.batch_size: {p.batch_size} samples do not split evenly over "
+            f"{rank.world} processes; use a multiple of {rank.world}"
+        )
+    torch.manual_seed(p.seed)
+
+
+@contextlib.contextmanager
+def live_log(
+    live: Path | None, resumed: bool
+) -> Iterator[Callable[[int, dict[str, float]], None] | None]:
+    """The run's figures logged with DVCLive as it trains: `live`/metrics.json (what `dvc exp
+    show` shows of a running experiment, and DVC Studio live) and `live`/plots/metrics/ (what
+    `dvc plots diff` compares), continued when the run resumes. None: no live log."""
+    if live is None:
+        yield None
+        return
+    from dvclive import Live
+
+    with Live(str(live), resume=resumed, save_dvc_exp=False, dvcyaml=False) as logger:
+
+        def observe(step: int, figures: dict[str, float]) -> None:
+            logger.step = step
+            for name, value in figures.items():
+                logger.log_metric(name, value)
+            logger.next_step()
+
+        yield observe
+
+
 def _servable_drafter(
-    p: config.TrainParams, target: config.TargetParams, meta: hidden.HiddenMeta, vocab_file: Path
+    p: TrainParams, target: TargetParams, meta: hidden.HiddenMeta, vocab_file: Path
 ) -> tuple[Any, Eagle3Drafter]:
     """The target's config and a fresh drafter shaped for it, refused before any training when
     the SGLang version it is for could not serve its rope scaling."""
@@ -302,7 +346,7 @@ def _export_best(
     checkpoint_dir: Path,
     out_dir: Path,
     target_config: Any,
-    p: config.TrainParams,
+    p: TrainParams,
     meta: hidden.HiddenMeta,
 ) -> None:
     """Export the best checkpoint (the last when there was nothing to evaluate), not the drafter
@@ -327,7 +371,7 @@ def _export_best(
 def _write_reports(
     history: History,
     s: LoopSettings,
-    p: config.TrainParams,
+    p: TrainParams,
     run: tuple[int, str, bool],
     report: Path,
     plots: Path,
@@ -338,25 +382,23 @@ def _write_reports(
     its forward took is reported) and whether the steps ran compiled."""
     world, features_from, compiled = run
     best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
-    metrics = {
-        "steps": s.total_steps,
-        "final_loss": history.steps[-1]["loss"],
-        "best_step": best_eval and best_eval["step"],
-        "best_replayed_tau": best_eval and best_eval["replayed_tau"],
-        "best_simulated_tau": best_eval and best_eval["simulated_tau"],
-        "eval_num_steps": p.eval_num_steps,
-        "world_size": world,
-        "tokens_per_s": round(history.tokens_per_s, 1),
-        "warmup_s": round(history.warmup_seconds, 1),
-        "padding_share": round(history.padding_share, 4),
-        "compiled": compiled,
-        "compile_failed_at_step": history.compile_failed_at,
-        "features": features_from,
-        "target_forward_share": (
-            None if features_from == "stored" else round(history.target_share, 4)
-        ),
-    }
-    write_json(metrics, report)
+    metrics = TrainReport(
+        steps=s.total_steps,
+        final_loss=history.steps[-1]["loss"],
+        best_step=best_eval["step"] if best_eval else None,
+        best_replayed_tau=best_eval["replayed_tau"] if best_eval else None,
+        best_simulated_tau=best_eval["simulated_tau"] if best_eval else None,
+        eval_num_steps=p.eval_num_steps,
+        world_size=world,
+        tokens_per_s=round(history.tokens_per_s, 1),
+        warmup_s=round(history.warmup_seconds, 1),
+        padding_share=round(history.padding_share, 4),
+        compiled=compiled,
+        compile_failed_at_step=history.compile_failed_at,
+        features=features_from,
+        target_forward_share=None if features_from == STORED else round(history.target_share, 4),
+    )
+    metrics.write(report)
     write_csv(history.steps, plots / "train_loss.csv")
     write_csv(
         [{k: e[k] for k in EVAL_COLUMNS} for e in history.evals],
@@ -376,7 +418,7 @@ def _write_reports(
             ],
             plots / "train_acceptance.csv",
         )
-    print(summary("train", metrics))
+    print(summary("train", metrics.to_json()))
 
 
 if __name__ == "__main__":

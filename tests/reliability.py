@@ -10,11 +10,15 @@ import torch
 import yaml
 from transformers import AutoConfig
 
-from stages import config, extract, generate
+from stages import extract, generate
 from stages.artifacts.raw import read_raw
 from stages.drafter.export import export_drafter
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.vocab import build_draft_vocab
+from stages.params.datasets import read_dataset
+from stages.params.extract import ExtractParams
+from stages.params.generate import GenerateParams
+from stages.params.target import TargetParams
 from stages.prep import prepare
 from tests.conftest import DEMO_TARGET
 from tests.runtime.test_distributed import write_merged
@@ -111,11 +115,11 @@ def generated_run(tmp: Path) -> Path:
     parts compacted into part-00003) in `tmp`, with its params.yaml."""
     source(tmp, [f"s{i}" for i in range(6)])
     params = demo_params(tmp)
-    ds = config.dataset("d", params)
-    target = config.section(config.TargetParams, "target", params)
+    ds = read_dataset("d", params)
+    target = TargetParams.read(params)
     prompts = tmp / "data/prompts/d.parquet"
     prepare("d", ds.prep, ds.expect, target, prompts, tmp / "reports/prep/d.json")
-    gen = config.section(config.GenerateParams, "generate", params)
+    gen = GenerateParams.read(params)
     generate.generate_dataset("d", prompts, tmp / "data/raw/d", gen, 10**6, target)
     return tmp
 
@@ -126,8 +130,8 @@ def extracted_run(tmp: Path) -> Path:
     write_merged(tmp / "merged", n_train=8, n_eval=3)
     write_vocab(tmp / "vocab.safetensors")
     params = demo_params(tmp)
-    ext = config.section(config.ExtractParams, "extract", params)
-    target = config.section(config.TargetParams, "target", params)
+    ext = ExtractParams.read(params)
+    target = TargetParams.read(params)
     extract.extract(tmp / "merged", tmp / "hidden", ext, target)
     return tmp
 

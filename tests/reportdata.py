@@ -1,6 +1,7 @@
 """A small synthetic run's artifacts, as the report stage reads them: raw parts in the demo
 target's real token ids (reasoning, answers, tool calls, a truncated and a failed turn), and the
-reports, plots and exported config the other stages would have written. No model runs."""
+reports (each written through its record, stages/reports/), plots and exported config the other
+stages would have written. No model runs."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ from pathlib import Path
 
 import yaml
 
+from stages.reports.benchmark import InProcessBenchmark, InProcessFigures, InProcessTemperature
+from stages.reports.extract import ExtractReport
+from stages.reports.generate import GenerateReport
+from stages.reports.merge import MergeCounts, MergeReport, SplitsByDataset, SplitTotals
+from stages.reports.train import STORED, TrainReport
+from stages.reports.vocab import VocabReport
 from stages.target.tokenizer import load_tokenizer, render_prompt
 from stages.target.tokens import analyze_output, learn_roles
 from tests.conftest import DEMO_TARGET, ROOT
@@ -29,6 +36,117 @@ REPORT_ARGS = (
     "out",
     "metrics",
     "card",
+)
+
+
+def generate_report(dataset: str, samples: int, tokens: int) -> GenerateReport:
+    """A dataset generated in one run, one abort among its turns."""
+    return GenerateReport(
+        dataset=dataset,
+        samples=samples,
+        prompts=samples,
+        new_samples=samples,
+        turns=samples,
+        new_turns=samples,
+        stopped_at_prompt_limit=0,
+        tokens=tokens,
+        budget_tokens=5000,
+        budget_overshoot_tokens=0,
+        budget_reached=False,
+        failed=1,
+        tokens_per_s=100.0,
+        engine="hf",
+        fingerprint="0123456789abcdef",
+    )
+
+
+def merge_counts(samples: int, tokens: int, supervised_tokens: int) -> MergeCounts:
+    return MergeCounts(samples, samples, 0, tokens, supervised_tokens, samples, 0, 0)
+
+
+_PER_DATASET = {n: merge_counts(6, 900 + i, 400 + i) for i, n in enumerate(DATASETS)}
+MERGE = MergeReport(
+    summary=SplitTotals(train=MergeCounts.total(_PER_DATASET.values()), eval=MergeCounts.total([])),
+    per_dataset=SplitsByDataset(train=_PER_DATASET, eval={}),
+)
+VOCAB = VocabReport(
+    draft_vocab_size=1024,
+    target_vocab_size=2048,
+    distinct_supervised_tokens=900,
+    supervised_tokens=801,
+    coverage=0.99,
+)
+EXTRACT = ExtractReport(
+    tokens=2000,
+    shards=1,
+    samples=12,
+    store="all",
+    bytes=2000 * 1024,
+    bytes_per_token=1024,
+    bytes_per_token_all=1024,
+    aux_hf_indices=[2, 4, 5],
+    world_size=1,
+    engine="hf",
+    extracted_tokens=2000,
+    tokens_per_s=4000.0,
+    warmup_s=0.2,
+    time={"loop_s": 0.5, "forward_s": 0.4},
+)
+TRAIN = TrainReport(
+    steps=20,
+    final_loss=2.5,
+    best_step=20,
+    best_replayed_tau=2.4,
+    best_simulated_tau=2.9,
+    eval_num_steps=3,
+    world_size=1,
+    tokens_per_s=1000.0,
+    warmup_s=1.5,
+    padding_share=0.05,
+    compiled=False,
+    compile_failed_at_step=None,
+    features=STORED,
+    target_forward_share=None,
+)
+
+
+def _figures(prompts: int, tau: float, last_conditional: float | None) -> InProcessFigures:
+    return InProcessFigures(
+        prompts=prompts,
+        tau=tau,
+        conditional=[0.7, 0.8, last_conditional],
+        unconditional=[0.7, 0.56, 0.48],
+        verify_steps=20 * prompts,
+        outputs_equal_baseline=prompts,
+        tokens=round(20 * prompts * tau),
+        baseline_tau=1.0,
+        wall_speedup=1.2,
+    )
+
+
+def benchmark_report(taus: dict[float, dict[str, float]]) -> InProcessBenchmark:
+    """Per temperature, each dataset's tau and "all"'s; at 0.7 no chain reached the third draft
+    (NaN, written as null)."""
+    temperatures = {
+        t: InProcessTemperature(
+            **vars(_figures(2 * len(DATASETS), v["all"], 0.85)),
+            datasets={d: _figures(2, v[d], float("nan") if t else 0.85) for d in DATASETS},
+        )
+        for t, v in taus.items()
+    }
+    return InProcessBenchmark(
+        num_steps=3,
+        topk=1,
+        mode="chain",
+        engine="in-process transformers (KV cache)",
+        temperatures=temperatures,
+        tau_greedy=taus[0.0]["all"],
+        sglang_launch="python -m sglang.launch_server ...",
+    )
+
+
+BENCHMARK = benchmark_report(
+    {0.0: {"chat": 2.5, "tools": 3.1, "all": 2.7}, 0.7: {"chat": 2.0, "tools": 2.6, "all": 2.2}}
 )
 
 
@@ -101,83 +219,13 @@ def write_run(root: Path) -> dict[str, Path]:
     for name, (_, tools) in DATASETS.items():
         rows = _rows(tok, name, tools)
         write_raw(paths["raw-dir"] / name, rows)
-        _json(
-            paths["generate-dir"] / f"{name}.json",
-            {
-                "dataset": name,
-                "samples": len(rows),
-                "tokens": sum(r["completion_tokens"] for r in rows),
-                "failed": 1,
-                "tokens_per_s": 100.0,
-            },
-        )
-    per = {
-        n: {"samples": 6, "tokens": 900 + i, "supervised_tokens": 400 + i, "turns": 6}
-        for i, n in enumerate(DATASETS)
-    }
-    _json(
-        paths["merge-report"],
-        {
-            "summary": {"train": {"samples": 12, "tokens": 1801, "supervised_tokens": 801}},
-            "per_dataset": {"train": per},
-        },
-    )
-    _json(
-        paths["vocab-report"],
-        {"draft_vocab_size": 1024, "target_vocab_size": 2048, "coverage": 0.99},
-    )
-    _json(
-        paths["extract-report"],
-        {"tokens": 2000, "aux_hf_indices": [2, 4, 5], "tokens_per_s": 4000.0},
-    )
-    _json(
-        paths["train-report"],
-        {
-            "steps": 20,
-            "final_loss": 2.5,
-            "best_step": 20,
-            "best_replayed_tau": 2.4,
-            "best_simulated_tau": 2.9,
-            "eval_num_steps": 3,
-            "world_size": 1,
-            "tokens_per_s": 1000.0,
-        },
-    )
-    per_temp = {
-        "0.0": {"chat": 2.5, "tools": 3.1, "all": 2.7},
-        "0.7": {"chat": 2.0, "tools": 2.6, "all": 2.2},
-    }
-    _json(
-        paths["benchmark-report"],
-        {
-            "num_steps": 3,
-            "topk": 1,
-            "mode": "chain",
-            "engine": "in-process transformers (KV cache)",
-            "temperatures": {
-                t: {
-                    "tau": v["all"],
-                    "conditional": [0.7, 0.8, 0.85],
-                    "unconditional": [0.7, 0.56, 0.48],
-                    "datasets": {
-                        d: {
-                            "prompts": 2,
-                            "tau": v[d],
-                            # a position no chain reached: null (NaN written as null)
-                            "conditional": [0.7, 0.8, None if t == "0.7" else 0.85],
-                            "unconditional": [0.7, 0.56, 0.48],
-                            "baseline_tau": 1.0,
-                            "outputs_equal_baseline": 2,
-                        }
-                        for d in DATASETS
-                    },
-                }
-                for t, v in per_temp.items()
-            },
-            "tau_greedy": 2.7,
-            "sglang_launch": "python -m sglang.launch_server ...",
-        },
-    )
+        tokens = sum(r["completion_tokens"] for r in rows)
+        generate_report(name, len(rows), tokens).write(paths["generate-dir"] / f"{name}.json")
+    MERGE.write(paths["merge-report"])
+    VOCAB.write(paths["vocab-report"])
+    EXTRACT.write(paths["extract-report"])
+    TRAIN.write(paths["train-report"])
+    BENCHMARK.write(paths["benchmark-report"])
     plots = paths["plots"]
     plots.mkdir(parents=True, exist_ok=True)
     (plots / "train_loss.csv").write_text(
@@ -219,6 +267,6 @@ def report_args(paths: dict[str, Path], root: Path) -> list[str]:
     return [*args, f"--params={root / 'params.yaml'}"]
 
 
-def _json(path: Path, obj: dict) -> None:
+def _json(path: Path, obj: dict) -> None:  # the exported drafter's config.json
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, indent=1))

@@ -1,6 +1,6 @@
-"""docs/params.md, generated from the typed params (stages/config.py): every key of params.yaml
+"""docs/params.md, generated from the typed params (stages/params/): every key of params.yaml
 with its type, default, allowed values and what it does. The text of each key is the `help` of
-its `param()` in stages/config.py, the one place it is written.
+its `param()` in stages/params/, the one place it is written.
 
     python tools/params_doc.py           # write docs/params.md
     python tools/params_doc.py --check   # exit 1 when docs/params.md is not what this writes
@@ -18,15 +18,16 @@ from typing import Any, Literal
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from stages import config  # noqa: E402
+from stages.params.schema import allowed_range  # noqa: E402
+from stages.params.sections import SECTIONS  # noqa: E402
 
 PAGE = ROOT / "docs" / "params.md"
 HEADER = """# Parameters (`params.yaml`)
 
 Every key of `params.yaml`: its type, its default (what a missing key means), the values it
-allows and what it does. Each stage reads its own section; an unknown key, a wrong type or a
+allows and what it does. Each stage reads the sections it needs; an unknown key, a wrong type or a
 value out of range stops the run naming the key. This page is generated from the typed params
-(`stages/config.py`) by `python tools/params_doc.py`; edit the text there.
+(`stages/params/`) by `python tools/params_doc.py`; edit the text there.
 """
 
 
@@ -102,7 +103,7 @@ def sections() -> list[tuple[str, type, list[str]]]:
             if inner is not None:
                 walk(inner, f"{path}.{f.name}" + (".<name>" if how == "per name" else ""))
 
-    for name, cls in config.SECTIONS.items():
+    for name, cls in SECTIONS.items():
         walk(cls, "datasets.<name>" if name == "datasets" else name)
     return [(paths[0], cls, paths[1:]) for cls, paths in found.items()]
 
@@ -127,7 +128,7 @@ def render() -> str:
             if inner is not None:
                 target = first[inner]
                 what = f"{what} Its keys: [`{target}`](#{anchor(target)}).".strip()
-            allowed = config.allowed_range(f)
+            allowed = allowed_range(f)
             cells = [f"`{f.name}`", type_text(hints[f.name]), default_text(f), allowed, what]
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
@@ -147,7 +148,7 @@ def undocumented() -> list[str]:
 def main(argv: list[str]) -> int:
     missing = undocumented()
     if missing:
-        print(f"stages/config.py: keys without help: {missing}")
+        print(f"stages/params/: keys without help: {missing}")
         return 1
     text = render()
     if "--check" in argv:

@@ -204,7 +204,7 @@ def path_problems(tree: Tree, piece: Prose) -> Iterator[str]:
 
 
 def dotted_problems(tree: Tree, piece: Prose) -> Iterator[str]:
-    """A dotted name of the project (`tests.doubles.hf_server`, `stages.config.PARAMS_FILE`):
+    """A dotted name of the project (`tests.doubles.hf_server`, `stages.params.schema.PARAMS_FILE`):
     its longest module prefix exists and defines the name after it."""
     for match in DOTTED.finditer(piece.text):
         parts = match.group().split(".")

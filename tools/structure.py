@@ -18,7 +18,7 @@ import yaml
 
 PACKAGE = "stages"
 # Library packages and the library packages each may import (besides itself). The top-level
-# modules of `stages` (the stage modules, config, cli) and STAGE_SIDE_PACKAGES (wiring, commands)
+# modules of `stages` (the stage modules, cli) and STAGE_SIDE_PACKAGES (params, wiring, commands)
 # are the stage side: no library module may import them.
 LAYERS: dict[str, set[str]] = {
     "runtime": set(),
@@ -33,11 +33,12 @@ LAYERS: dict[str, set[str]] = {
     "reports": {"runtime"},
     "reporting": {"target", "reports"},
 }
-# The stage side besides the stage modules: plumbing every stage may import, the factories that
-# build library objects from params (stages/wiring/), and the commands run by hand
-# (stages/commands/), which may import stages but no stage imports them.
-PLUMBING = {"cli", "config"}
-STAGE_SIDE_PACKAGES = {"wiring", "commands"}
+# The stage side besides the stage modules: plumbing every stage may import, the typed params
+# (stages/params/, one module per section), the factories that build library objects from params
+# (stages/wiring/), and the commands run by hand (stages/commands/), which may import stages but
+# no stage imports them.
+PLUMBING = {"cli"}
+STAGE_SIDE_PACKAGES = {"params", "wiring", "commands"}
 # The longest function (from `def` to its last line) the package holds: an orchestrator longer
 # than this reads better as named steps.
 MAX_FUNCTION_LINES = 60
@@ -159,11 +160,18 @@ def dvc_dep_problems(root: Path) -> list[str]:
         for dep in code_deps:
             if not (root / dep).exists():
                 problems.append(f"dvc.yaml stage {name}: dep {dep} does not exist")
-        for path in sorted(needed_files(root, module)):
+        needed = needed_files(root, module)
+        for path in sorted(needed):
             if not any(path == d or path.startswith(d + "/") for d in code_deps):
                 problems.append(
                     f"dvc.yaml stage {name}: {module} runs {path}, which is not "
                     f"among its deps (a change to it would rerun nothing)"
+                )
+        for dep in code_deps:
+            if (root / dep).exists() and dep not in needed:
+                problems.append(
+                    f"dvc.yaml stage {name}: dep {dep} is not a file {module} runs (an edit "
+                    f"to it would rerun the stage for nothing): drop it, or name the files"
                 )
     return problems
 

@@ -145,12 +145,6 @@ def shard_key(fingerprint: str, shard: list[dict]) -> str:
     return hashlib.sha256(f"{fingerprint}|{ids}".encode()).hexdigest()[:16]
 
 
-def shard_done(path: Path, key: str) -> bool:
-    """A shard counts as done only when it exists, is the file that was written (size and
-    sha256) and holds exactly the planned samples."""
-    return shard_problem(path, key) is None
-
-
 def shard_problem(path: Path, key: str) -> str | None:
     """Why the shard at `path` must be extracted (again): missing, not the file that was written
     (truncated, corrupted: a machine crash), or other samples or settings; None when it is done."""

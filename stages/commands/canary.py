@@ -29,7 +29,6 @@ from typing import Annotated
 import torch
 import typer
 
-from .. import config
 from ..artifacts import merged as merged_files
 from ..capture.canary import (
     CanaryReport,
@@ -42,6 +41,9 @@ from ..capture.interface import Capture, config_facts
 from ..capture.served import SERVES_AUX_SINCE, served_aux, served_flags, serves_aux
 from ..cli import StageError, params_key, run
 from ..drafter.layers import serving_layer_ids
+from ..params.extract import ExtractCanaryParams, ExtractParams
+from ..params.schema import PARAMS_FILE
+from ..params.target import TargetParams
 from ..runtime import parallel
 from ..runtime.device import resolve_device
 from ..runtime.files import atomic_path
@@ -73,7 +75,7 @@ def collect(capture: Capture, samples: list[list[int]]) -> tuple[torch.Tensor, t
 
 
 def served_reference(
-    c: config.ExtractCanaryParams,
+    c: ExtractCanaryParams,
     samples: list[list[int]],
     architecture: str,
     indices: list[int],
@@ -114,8 +116,8 @@ def by_index(states: torch.Tensor, indices: list[int], hidden: int) -> dict[int,
 def run_canary(
     capture: Capture,
     samples: list[list[int]],
-    ext: config.ExtractParams,
-    target: config.TargetParams,
+    ext: ExtractParams,
+    target: TargetParams,
     sglang_version: str | None = None,
     served: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> CanaryReport | None:
@@ -154,8 +156,8 @@ def run_canary(
 
 def save_served(
     path: Path,
-    ext: config.ExtractParams,
-    target: config.TargetParams,
+    ext: ExtractParams,
+    target: TargetParams,
     samples: list[list[int]],
     sglang_version: str | None,
 ) -> None:
@@ -205,14 +207,14 @@ def main(
     load_reference: Annotated[
         Path | None, typer.Option(help="compare with the states saved by --save-reference")
     ] = None,
-    params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
+    params: Annotated[Path, typer.Option(help="the params file")] = PARAMS_FILE,
 ) -> None:
     """Compare the engine's features of `samples` merged samples with the reference; exit 1 if
     a layer is off. http reference: `--save-reference FILE` only fetches the server's states,
     `--load-reference FILE` compares with them; `--sglang-version` is the server's, when its
     layer ids depend on it (default: the sglang engine's, else ids every version reads alike)."""
-    ext = config.section(config.ExtractParams, "extract", params)
-    target = config.section(config.TargetParams, "target", params)
+    ext = ExtractParams.read(params)
+    target = TargetParams.read(params)
     if (save_reference or load_reference) and ext.canary.reference != "http":
         raise StageError(
             "--save-reference / --load-reference: extract.canary.reference is not http"
@@ -224,7 +226,7 @@ def main(
     if save_reference:
         return save_served(save_reference, ext, target, picked, sglang_version)
     rank, device = parallel.start(resolve_device(target.device))
-    target = config.TargetParams(**{**target.__dict__, "device": str(device)})
+    target = TargetParams(**{**target.__dict__, "device": str(device)})
     capture = build_capture(ext, target, rank.rank, rank.world)
     served = load_served(load_reference, picked, capture.aux_indices) if load_reference else None
     version = sglang_version or getattr(capture, "version", None)

@@ -17,9 +17,13 @@ from typing import Annotated
 import typer
 import yaml
 
-from .. import config
 from ..cli import StageError
 from ..engines import EngineError
+from ..params.benchmark import BenchmarkParams
+from ..params.generate import GenerateParams
+from ..params.schema import PARAMS_FILE
+from ..params.server import SGLangLaunchParams
+from ..params.target import TargetParams
 from . import estimate, query
 
 # Each command imports what it runs inside its function, so `eagle-pipeline --help` (and each
@@ -69,27 +73,27 @@ def launch_line(
     drafter: Annotated[
         Path | None, typer.Option(help="add the speculative flags for this drafter")
     ] = None,
-    params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
+    params: Annotated[Path, typer.Option(help="the params file")] = PARAMS_FILE,
 ) -> None:
     """Print the SGLang launch line that params give.
 
     generate.sglang.launch (else SGLang's defaults) serving the target; with --drafter, the
     EAGLE-3 flags of the benchmark's chain (benchmark.num_steps) added.
     """
-    from ..serving.bench import speculative_args
+    from ..serving.launch import speculative_args
     from ..wiring.engines import server_command
 
-    gen = config.section(config.GenerateParams, "generate", params)
-    target = config.section(config.TargetParams, "target", params)
+    gen = GenerateParams.read(params)
+    target = TargetParams.read(params)
     served = (gen.sglang.launch and gen.sglang.launch.model_path) or target.path
     if not Path(served).is_dir():
         key = "generate.sglang.launch.model_path" if served != target.path else "target.path"
         raise StageError(f"{key}: {served} is no directory; the server would fail to load it")
     if drafter is not None and not (drafter / "config.json").is_file():
         raise StageError(f"--drafter {drafter}: no config.json there; give the exported drafter")
-    command = server_command(gen.sglang.launch or config.SGLangLaunchParams(), target)
+    command = server_command(gen.sglang.launch or SGLangLaunchParams(), target)
     if drafter is not None:
-        b = config.section(config.BenchmarkParams, "benchmark", params)
+        b = BenchmarkParams.read(params)
         command += speculative_args(drafter, b.num_steps)
     print(shlex.join(command))
 

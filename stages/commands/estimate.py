@@ -12,13 +12,16 @@ from typing import Annotated
 
 import typer
 
-from .. import config
 from ..cli import StageError, run
+from ..params.datasets import read_datasets
+from ..params.generate import GenerateParams
+from ..params.schema import PARAMS_FILE
+from ..params.target import TargetParams
 
 
 def main(
     samples: Annotated[int, typer.Option(help="prompts timed per dataset")] = 32,
-    params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
+    params: Annotated[Path, typer.Option(help="the params file")] = PARAMS_FILE,
     prompts_dir: Annotated[Path, typer.Option(help="the prep stage's prompts")] = Path(
         "data/prompts"
     ),
@@ -34,9 +37,9 @@ def main(
     from ..wiring.engines import make_engine, sampling_for
     from ..wiring.target import target_roles, target_tokenizer
 
-    gen = config.section(config.GenerateParams, "generate", params)
-    target = config.section(config.TargetParams, "target", params)
-    budgets = {n: d.generate.budget_tokens for n, d in config.datasets(params).items()}
+    gen = GenerateParams.read(params)
+    target = TargetParams.read(params)
+    budgets = {n: d.generate.budget_tokens for n, d in read_datasets(params).items()}
     picked = {}
     for name in budgets:
         path = prompts_dir / f"{name}.parquet"

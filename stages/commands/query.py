@@ -26,8 +26,11 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .. import config
 from ..cli import StageError, run
+from ..params.datasets import DatasetParams, read_datasets
+from ..params.merge import MergeParams
+from ..params.quality import QualityParams
+from ..params.schema import PARAMS_FILE
 from ..queries import sql
 from ..queries.session import PARAM, catalog, parameters
 
@@ -39,8 +42,8 @@ def defaults(params: Path, merged_dir: Path) -> dict:
     """Values for the parameters a question may name."""
     from ..artifacts.merged import split_path
 
-    q = config.section(config.QualityParams, "quality", params)
-    m = config.section(config.MergeParams, "merge", params)
+    q = QualityParams.read(params)
+    m = MergeParams.read(params)
     return {
         "limit": 20,
         "per_dataset": 3,
@@ -72,14 +75,14 @@ def main(
     as_csv: Annotated[bool, typer.Option("--csv", help="CSV instead of a table")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of a table")] = False,
     data_dir: Annotated[Path, typer.Option(help="where the artifacts are")] = Path("data"),
-    params: Annotated[Path, typer.Option(help="the params file")] = config.PARAMS_FILE,
+    params: Annotated[Path, typer.Option(help="the params file")] = PARAMS_FILE,
 ) -> None:
     """List the named DuckDB questions, or answer one (or any SQL) over the current artifacts."""
     if question is None and sql_text is None:
         _list_questions()
         return
     text = _query_text(question, sql_text)
-    datasets = config.datasets(params)
+    datasets = read_datasets(params)
     if dataset is not None and dataset not in datasets:
         raise StageError(
             f"query: --dataset {dataset!r} is no dataset of {params}; its datasets: "
@@ -117,7 +120,7 @@ def _query_text(question: str | None, sql_text: str | None) -> str:
 
 
 def _open_views(
-    data_dir: Path, datasets: dict[str, config.DatasetParams]
+    data_dir: Path, datasets: dict[str, DatasetParams]
 ) -> tuple[duckdb.DuckDBPyConnection, list[str]]:
     """A DuckDB session with a view for each artifact under `data_dir` that exists."""
     # imported here, not at the top: `eagle-pipeline --help` loads neither DuckDB nor torch

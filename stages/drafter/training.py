@@ -370,9 +370,11 @@ def train(
     rank: Rank = Rank(),
     log: Callable[[str], None] = print,
     features: TargetFeatures | None = None,
+    observe: Callable[[int, dict[str, float]], None] | None = None,
 ) -> History:
     """Train to s.total_steps (resuming from checkpoint_dir/last.pt); `features` computes each
-    batch's features on the device when the shards hold none (its time counts in tokens/s)."""
+    batch's features on the device when the shards hold none (its time counts in tokens/s);
+    `observe` (rank 0's) gets each logged step's figures, the evaluation's with them."""
     log = log if rank.main else (lambda _: None)  # the other ranks' figures are the same
     model = data_parallel(objective, device, rank)
     refuse_unfit_fp8(s, objective.drafter, device)
@@ -403,17 +405,29 @@ def train(
             log(f"[train] first step {seconds:.3f} s (warm-up, not in the rate)")
         row = step_row(state["step"], step_loss, optim.sched.get_last_lr()[0], grad_norm, metrics)
         history.steps.append(row)
-        if due(state["step"], 10, s.total_steps):
+        if logged := due(state["step"], 10, s.total_steps):
             log(progress(row, history, s.total_steps, first))
+        evaluated = False
         if due(state["step"], s.eval_every, s.total_steps):
             ev = evaluate(objective, eval_set, s, device, optim.autocast, rank, features)
-            if ev is not None:
+            if evaluated := ev is not None:
                 tau = record_eval(ev, state["step"], s.eval_num_steps, history, log)
                 keep_if_best(tau, state, optim.drafter, checkpoint_dir / "best.pt", rank)
+        if observe is not None and (logged or evaluated):
+            observe(state["step"], live_figures(row, history if evaluated else None))
         if rank.main and due(state["step"], s.checkpoint_every, s.total_steps):
             _save(last, checkpoint(optim, state, history))
         clock = time.monotonic()  # evaluation and saving are not training time
     return history
+
+
+def live_figures(row: dict, evaluated: History | None) -> dict[str, float]:
+    """A logged step's figures by name (train/..., and eval/... of the evaluation just run)."""
+    figures = {f"train/{k}": float(v) for k, v in row.items() if k != "step"}
+    if evaluated is not None:
+        last = evaluated.evals[-1]
+        figures |= {f"eval/{k}": last[k] for k in ("replayed_tau", "simulated_tau")}
+    return figures
 
 
 def data_parallel(objective: Objective, device: torch.device, rank: Rank) -> nn.Module:

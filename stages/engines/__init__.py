@@ -12,11 +12,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from ..runtime.errors import EngineError
+
 FinishReason = Literal["stop", "length", "abort"]
-
-
-class EngineError(RuntimeError):
-    """An engine or its server cannot go on; the message names the server and the fix."""
 
 
 class AuthError(EngineError):

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from ..reports.merge import MergeCounts
+
 
 @dataclass(frozen=True)
 class CardFacts:
@@ -21,11 +23,11 @@ class CardFacts:
     tags: Sequence[str]
     drafter_dir: str  # where the served commands find the drafter
     num_steps: int  # chain depth the drafter was benchmarked at
-    data_mix: Sequence[dict]  # per dataset: dataset, samples, tokens, supervised_tokens
+    data_mix: Mapping[str, MergeCounts | None]  # per dataset, its train split (None: empty)
     layer_ids: Mapping[str, list | None]  # hf (trained indices), sglang, vllm
     sglang_version: str | None  # the version the ids were written for (None: every one)
-    tau: Mapping[str, Mapping[str, float]]  # temperature -> dataset -> tau (with "all")
-    sglang_command: str  # the SGLang launch line (stages.serving.bench.launch_line)
+    tau: Mapping[float, Mapping[str, float | None]]  # temperature -> dataset -> tau (with "all")
+    sglang_command: str  # the SGLang launch line (stages.serving.launch.launch_line)
     training: Mapping[str, object] = field(default_factory=dict)  # steps, replayed tau, ...
 
 
@@ -54,6 +56,43 @@ def speculators_command(target: str, drafter_dir: str, vllm_layer_ids: Sequence[
         kwargs = {"eagle_aux_hidden_state_layer_ids": list(vllm_layer_ids)}
         cmd += ["--algorithm-kwargs", json.dumps(kwargs)]
     return shlex.join(cmd)
+
+
+@dataclass(frozen=True)
+class ServingCommand:
+    """One way to serve the drafter, as the model card and the report page both print it."""
+
+    engine: str  # what it serves with, and from which files
+    note: str  # what to know before running it (Markdown: `code`), or ""
+    lines: Sequence[str]  # the shell commands, in order
+
+
+def serving_commands(
+    target: str,
+    drafter_dir: str,
+    num_steps: int,
+    sglang_command: str,
+    vllm_layer_ids: Sequence[int] | None,
+) -> list[ServingCommand]:
+    """SGLang, vLLM from the export as it is, and vLLM in the speculators format."""
+    return [
+        ServingCommand("SGLang", "", [sglang_command]),
+        ServingCommand(
+            "vLLM, from the export as it is",
+            "vLLM reads the top-level `eagle_aux_hidden_state_layer_ids`",
+            [vllm_command(target, drafter_dir, num_steps)],
+        ),
+        ServingCommand(
+            "vLLM, in the speculators format",
+            "`speculators convert` (checked against speculators 0.9.0) does not carry the layer"
+            " ids over from config.json (it writes null, and vLLM then falls back to"
+            " [2, N//2, N-3]), so they are passed in `--algorithm-kwargs`",
+            [
+                speculators_command(target, drafter_dir, vllm_layer_ids),
+                vllm_command(target, speculators_dir(drafter_dir), num_steps),
+            ],
+        ),
+    ]
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
@@ -106,23 +145,20 @@ def _card_header(f: CardFacts) -> list[str]:
 
 def _data_mix_section(f: CardFacts) -> list[str]:
     """Samples and tokens per dataset, with each one's share of the supervised tokens."""
-    mix = list(f.data_mix)
-    total = {
-        k: sum(int(r.get(k) or 0) for r in mix) for k in ("samples", "tokens", "supervised_tokens")
-    }
+    total = MergeCounts.total(c for c in f.data_mix.values() if c)
     table = _table(
         ["dataset", "samples", "tokens", "supervised tokens", "share of supervised"],
         [
             [
-                r["dataset"],
-                r.get("samples"),
-                r.get("tokens"),
-                r.get("supervised_tokens"),
-                f"{(r.get('supervised_tokens') or 0) / max(total['supervised_tokens'], 1):.1%}",
+                name,
+                c and c.samples,
+                c and c.tokens,
+                c and c.supervised_tokens,
+                f"{(c.supervised_tokens if c else 0) / max(total.supervised_tokens, 1):.1%}",
             ]
-            for r in mix
+            for name, c in f.data_mix.items()
         ]
-        + [["all", total["samples"], total["tokens"], total["supervised_tokens"], "100%"]],
+        + [["all", total.samples, total.tokens, total.supervised_tokens, "100%"]],
     )
     return [
         "## Data mix",
@@ -180,30 +216,11 @@ def _training_section(f: CardFacts) -> list[str]:
 
 def _serving_section(f: CardFacts) -> list[str]:
     """The commands that serve the drafter: SGLang, vLLM as exported, vLLM via speculators."""
-    return [
-        "## Serving",
-        "",
-        "SGLang:",
-        "",
-        "```bash",
-        f.sglang_command,
-        "```",
-        "",
-        "vLLM, from this directory as exported (vLLM reads the top-level"
-        " `eagle_aux_hidden_state_layer_ids`):",
-        "",
-        "```bash",
-        vllm_command(f.target, f.drafter_dir, f.num_steps),
-        "```",
-        "",
-        "vLLM, in the speculators format: `speculators convert` (checked against speculators"
-        " 0.9.0) does not carry the layer ids over from config.json (it writes null, and vLLM"
-        " then falls back to [2, N//2, N-3]), so they are passed in `--algorithm-kwargs`:",
-        "",
-        "```bash",
-        speculators_command(f.target, f.drafter_dir, f.layer_ids.get("vllm")),
-        vllm_command(f.target, speculators_dir(f.drafter_dir), f.num_steps),
-        "```",
-        "",
-        f"`{f.drafter_dir}` is this directory (or its Hugging Face id once uploaded).",
-    ]
+    commands = serving_commands(
+        f.target, f.drafter_dir, f.num_steps, f.sglang_command, f.layer_ids.get("vllm")
+    )
+    lines = ["## Serving", ""]
+    for c in commands:
+        lines += [f"{c.engine} ({c.note}):" if c.note else f"{c.engine}:", ""]
+        lines += ["```bash", *c.lines, "```", ""]
+    return [*lines, f"`{f.drafter_dir}` is this directory (or its Hugging Face id once uploaded)."]

@@ -11,12 +11,17 @@ launch commands).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from ..reports.benchmark import BenchmarkReport
+from ..reports.metrics import RunMetrics
+from ..reports.train import TrainReport
 from . import svg
+from .card import ServingCommand
 from .summary import unit
 
 MEASURES = ("prompt", "reasoning", "answer")
@@ -43,20 +48,30 @@ class SampleView:
 
 
 @dataclass(frozen=True)
+class Serving:
+    """How the drafter is served: the layer ids each engine reads, and the commands the model
+    card prints."""
+
+    layer_ids: Mapping[str, list | None]  # engine (and config.json key) -> ids
+    commands: Sequence[ServingCommand]
+    card: str  # where the model card is
+
+
+@dataclass(frozen=True)
 class ReportData:
     title: str
     target: str
-    metrics: Mapping[str, object]
+    metrics: RunMetrics
     datasets: Sequence[str]
     answers: Mapping[str, list[dict]]  # the quality questions' rows, length_histogram included
     failures: list[dict]
     samples: Sequence[SampleView]
-    train: Mapping[str, Any]
+    train: TrainReport
     train_loss: list[dict]  # step, loss, ...
     train_evals: list[dict]  # step, replayed_tau, simulated_tau
     train_acceptance: list[dict]  # position, accuracy, conditional, unconditional
-    benchmark: Mapping[str, Any]  # reports/benchmark.json
-    serving: Mapping[str, Any] = field(default_factory=dict)  # layer ids, commands
+    benchmark: BenchmarkReport
+    serving: Serving
     max_chars: int = 4000  # per sample part
 
 
@@ -77,7 +92,8 @@ h3 { margin: 18px 0 6px; font-size: 15px; }
 .tile { background: var(--soft); border: 1px solid var(--line); border-radius: 6px;
         padding: 8px 10px; }
 .tile .v { font-size: 20px; font-weight: 600; }
-.tile .k { font-size: 12px; color: var(--muted); word-break: break-all; }
+.tile .k { font-size: 12px; color: var(--muted); overflow-wrap: break-word; }
+.tile .why { font-size: 12px; color: var(--muted); font-style: italic; margin-top: 2px; }
 .charts { display: flex; flex-wrap: wrap; gap: 10px 18px; }
 svg.chart { font-size: 11px; background: #fff; }
 svg.chart .chart-title { font-size: 12px; font-weight: 600; fill: var(--fg); }
@@ -105,7 +121,7 @@ article.sample > header { background: var(--soft); padding: 6px 10px; font-size:
 .part.stop { border-color: #a463f2; } .part.stop .tag { color: #6f3bb5; }
 span.special { background: #ebe3fb; color: #5b2a9e; border-radius: 3px; padding: 0 2px; }
 code.cmd { display: block; background: var(--soft); border: 1px solid var(--line); padding: 6px 8px;
-           white-space: pre-wrap; word-break: break-all; font-size: 12px; }
+           white-space: pre-wrap; overflow-wrap: anywhere; font-size: 12px; }
 """
 
 
@@ -146,15 +162,25 @@ def _by(rows: Sequence[Mapping], key: str = "dataset") -> dict[str, Mapping]:
     return {str(r[key]): r for r in rows}
 
 
-def _glance(metrics: Mapping[str, object]) -> str:
+def _glance(metrics: RunMetrics) -> str:
+    """One tile per figure: its value, its key and unit, and for a null figure why it is."""
     tiles = []
-    for key, value in metrics.items():
+    for key, value in metrics.figures().items():
         shown = f"{value:.1%}" if key.endswith("_share") and isinstance(value, float) else None
+        why = metrics.why_null.get(key)
         tiles.append(
             f'<div class="tile"><div class="v">{escape(shown or _cell(value))}</div>'
-            f'<div class="k">{escape(key)}<br>{escape(unit(key))}</div></div>'
+            f'<div class="k">{breakable(key)}<br>{escape(unit(key))}</div>'
+            + (f'<div class="why">{escape(why)}</div>' if why else "")
+            + "</div>"
         )
     return f'<div class="tiles">{"".join(tiles)}</div>'
+
+
+def breakable(key: str) -> str:
+    """`key` escaped, with a line-break opportunity after each underscore: a metrics key holds
+    no space, and a tile too narrow for it wraps it between its words, never inside one."""
+    return "_<wbr>".join(escape(word) for word in key.split("_"))
 
 
 def _data_overview(d: ReportData) -> str:
@@ -290,6 +316,7 @@ def _lengths(d: ReportData) -> str:
                     width=340,
                     height=200,
                     name=f"hist-{n}-{m}",
+                    scale=True,
                 )
             )
         out.append(f"<h3>{escape(n)}</h3>" + _charts(charts))
@@ -390,17 +417,17 @@ def _training(d: ReportData) -> str:
                 name="train-acceptance",
             )
         )
-    summary = [{"figure": k, "value": v} for k, v in d.train.items()]
+    summary = [{"figure": k, "value": v} for k, v in d.train.to_json().items()]
     return _charts(charts) + table(summary) if summary or loss else '<p class="muted">(none)</p>'
 
 
 def _benchmark(d: ReportData) -> str:
-    temps: Mapping[str, Mapping] = d.benchmark.get("temperatures", {})
+    temps = d.benchmark.temperatures
     if not temps:
         return '<p class="muted">(no benchmark)</p>'
-    datasets = sorted({n for t in temps.values() for n in t.get("datasets", {})})
+    datasets = sorted({n for t in temps.values() for n in t.datasets})
     tau = {
-        f"T = {t}": [v.get("datasets", {}).get(n, {}).get("tau") for n in datasets] + [v.get("tau")]
+        f"T = {t}": [v.datasets[n].tau if n in v.datasets else None for n in datasets] + [v.tau]
         for t, v in temps.items()
     }
     charts = [
@@ -414,9 +441,12 @@ def _benchmark(d: ReportData) -> str:
             name="benchmark-tau",
         )
     ]
-    steps = int(d.benchmark.get("num_steps") or 0)
-    for kind in ("conditional", "unconditional"):
-        series = {f"T = {t}": list(v.get(kind) or []) for t, v in temps.items()}
+    steps = d.benchmark.num_steps
+    per_position = {
+        "conditional": {f"T = {t}": list(v.conditional or []) for t, v in temps.items()},
+        "unconditional": {f"T = {t}": list(v.unconditional or []) for t, v in temps.items()},
+    }
+    for kind, series in per_position.items():
         if any(series.values()):
             charts.append(
                 svg.bars(
@@ -429,25 +459,21 @@ def _benchmark(d: ReportData) -> str:
                     name=f"benchmark-{kind}",
                 )
             )
-    rows = []
-    for t, v in temps.items():
-        for n in [*datasets, "all"]:
-            r = v if n == "all" else v.get("datasets", {}).get(n, {})
-            if r:
-                rows.append(
-                    {
-                        "temperature": t,
-                        "dataset": n,
-                        "prompts": r.get("prompts"),
-                        "tau": r.get("tau"),
-                        "baseline tau": r.get("baseline_tau", 1.0),
-                        "conditional": " / ".join(
-                            "-" if x is None else f"{x:.2f}" for x in r.get("conditional") or []
-                        ),
-                        "outputs equal baseline": r.get("outputs_equal_baseline"),
-                    }
-                )
-    engine = escape(str(d.benchmark.get("engine", "")))
+    rows = [
+        {
+            "temperature": t,
+            "dataset": n,
+            "prompts": r.prompts,
+            "tau": r.tau,
+            "conditional": " / ".join(
+                "-" if x is None else f"{x:.2f}" for x in r.conditional or []
+            ),
+            "outputs equal baseline": r.outputs_equal_baseline,
+        }
+        for t, v in temps.items()
+        for n, r in [*v.datasets.items(), ("all", v)]
+    ]
+    engine = escape(d.benchmark.engine)
     return (
         f'<p class="muted">Chain of {steps} drafts, top-k 1; engine: {engine}. tau counts the '
         "tokens emitted per target verify step (plain decoding: 1.0).</p>"
@@ -456,17 +482,21 @@ def _benchmark(d: ReportData) -> str:
     )
 
 
-def _serving(d: ReportData) -> str:
-    s = d.serving
-    ids = s.get("layer_ids") or {}
-    rows = [{"engine": k, "layer ids": str(v)} for k, v in ids.items()]
+def _serving(s: Serving) -> str:
+    """The layer ids beside each other, then every command, with what to know before it."""
+    rows = [{"engine": k, "layer ids": str(v)} for k, v in s.layer_ids.items()]
     out = [table(rows)]
-    for label, key in (("SGLang", "sglang_command"), ("vLLM", "vllm_command")):
-        if s.get(key):
-            out.append(f'<h3>{label}</h3><code class="cmd">{escape(str(s[key]))}</code>')
-    if s.get("card"):
-        out.append(f'<p class="muted">Model card: {escape(str(s["card"]))}</p>')
+    for c in s.commands:
+        note = f'<p class="muted">{_inline_code(c.note)}</p>' if c.note else ""
+        lines = "\n".join(c.lines)
+        out.append(f'<h3>{escape(c.engine)}</h3>{note}<code class="cmd">{escape(lines)}</code>')
+    out.append(f'<p class="muted">Model card: {escape(s.card)}</p>')
     return "".join(out)
+
+
+def _inline_code(markdown: str) -> str:
+    """A note's `code` spans (Markdown, as the model card holds them) as HTML."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(markdown))
 
 
 def render(d: ReportData) -> str:
@@ -478,7 +508,7 @@ def render(d: ReportData) -> str:
         ("samples", "Sample records", _samples(d)),
         ("training", "Training", _training(d)),
         ("benchmark", "Benchmark", _benchmark(d)),
-        ("serving", "Serving", _serving(d)),
+        ("serving", "Serving", _serving(d.serving)),
     ]
     nav = "".join(f'<a href="#{k}">{escape(t)}</a>' for k, t, _ in sections)
     body = "".join(

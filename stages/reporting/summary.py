@@ -1,15 +1,25 @@
 """The dozen figures a run is judged by, each key named with its unit, from the stages' detailed
-reports: what `dvc metrics show` prints as one row and `dvc metrics diff` compares.
+reports: what `dvc metrics show` prints as one row and `dvc metrics diff` compares
+(reports/metrics.json, its record in stages/reports/metrics.py).
 
 Units: `_samples` and `_tokens` are counts, `_share` a fraction in [0, 1] (the worst dataset's
 where it says min or max), `_tokens_per_step` an acceptance length tau (tokens emitted per
 target verify step), `_tokens_per_s` a throughput. A figure a run cannot give (no dataset that
-expects tool calls, a stage that had nothing left to do) is null.
+expects tool calls, a stage that had nothing left to do) is null, with the reason beside it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
+
+from ..reports.benchmark import BenchmarkReport
+from ..reports.extract import ExtractReport
+from ..reports.generate import GenerateReport
+from ..reports.merge import MergeReport
+from ..reports.metrics import RunMetrics, tau_key
+from ..reports.train import STORED, TrainReport
+from ..reports.vocab import VocabReport
 
 UNITS = {
     "_samples": "samples",
@@ -19,64 +29,116 @@ UNITS = {
     "_tokens_per_s": "tokens/s",
 }
 
+V = TypeVar("V")
 
-def tau_key(temperature: str) -> str:
-    """`benchmark_tau_t0_tokens_per_step` for "0.0", `..._t0.7_...` for "0.7"."""
-    t = float(temperature)
-    label = str(int(t)) if t.is_integer() else f"{t:g}"
-    return f"benchmark_tau_t{label}_tokens_per_step"
+
+class NullReasons(dict[str, str]):
+    """Why each null figure is null, said where the figure is worked out."""
+
+    def unless(self, key: str, value: V | None, why: str) -> V | None:
+        """`value`, recording `why` under `key` when it is None."""
+        if value is None:
+            self[key] = why
+        return value
 
 
 def _by_dataset(rows: list[dict]) -> dict[str, dict]:
     return {r["dataset"]: r for r in rows}
 
 
-def _extreme(values: list, pick) -> float | None:
+def _extreme(values: list, pick: Callable) -> float | None:
     found = [float(v) for v in values if v is not None]
     return round(pick(found), 4) if found else None
 
 
+def _worst_expected(
+    rows: Mapping[str, dict], column: str, expected: list[str], what: str
+) -> tuple[float | None, str]:
+    """The lowest `column` among the `expected` datasets, and why there is none."""
+    if not expected:
+        return None, f"not measured: no dataset expects {what} (datasets.<name>.expect)"
+    value = _extreme([rows.get(d, {}).get(column) for d in expected], min)
+    return value, f"not measured: no reply generated for {', '.join(expected)}"
+
+
+def _reply_shares(
+    answers: Mapping[str, list[dict]], expect: Mapping[str, tuple[bool, bool]], why: NullReasons
+) -> tuple[float | None, float | None, float | None]:
+    """The worst dataset's share of replies closing their reasoning (among those expecting
+    reasoning), cut by the length limit, and calling a tool (among those expecting calls)."""
+    closed = _worst_expected(
+        _by_dataset(answers["reasoning_presence"]),
+        "reasoning_closed_share",
+        [d for d, e in expect.items() if e[0]],
+        "reasoning",
+    )
+    calls = _worst_expected(
+        _by_dataset(answers["tool_call_integrity"]),
+        "tool_call_share",
+        [d for d, e in expect.items() if e[1]],
+        "tool calls",
+    )
+    truncated = _extreme([r.get("truncated_share") for r in answers["finish_reasons"]], max)
+    return (
+        why.unless("reasoning_closed_min_share", *closed),
+        why.unless("truncated_max_share", truncated, "not measured: no reply generated"),
+        why.unless("tool_call_min_share", *calls),
+    )
+
+
 def run_metrics(
     *,
-    generate: Mapping[str, dict],
-    merge: dict,
+    generate: Mapping[str, GenerateReport],
+    merge: MergeReport,
     answers: Mapping[str, list[dict]],
     expect: Mapping[str, tuple[bool, bool]],
-    vocab: dict,
-    extract: dict,
-    train: dict,
-    benchmark: dict,
-) -> dict:
+    vocab: VocabReport,
+    extract: ExtractReport,
+    train: TrainReport,
+    benchmark: BenchmarkReport,
+) -> RunMetrics:
     """`generate`: each dataset's generate report; `answers`: the quality questions' rows
     (reasoning_presence, finish_reasons, tool_call_integrity); `expect`: per dataset
     (reasoning expected, tool calls expected); the rest: those stages' reports."""
-    reasoning = _by_dataset(answers["reasoning_presence"])
-    finish = _by_dataset(answers["finish_reasons"])
-    tools = _by_dataset(answers["tool_call_integrity"])
-    train_split = merge.get("summary", {}).get("train", {})
-    out: dict = {
-        "generated_samples": sum(int(g.get("samples") or 0) for g in generate.values()),
-        "generated_tokens": sum(int(g.get("tokens") or 0) for g in generate.values()),
-        "train_supervised_tokens": train_split.get("supervised_tokens"),
-        "reasoning_closed_min_share": _extreme(
-            [reasoning.get(d, {}).get("reasoning_closed_share") for d, e in expect.items() if e[0]],
-            min,
+    why = NullReasons()
+    closed, truncated, calls = _reply_shares(answers, expect, why)
+    return RunMetrics(
+        generated_samples=sum(g.samples for g in generate.values()),
+        generated_tokens=sum(g.tokens for g in generate.values()),
+        train_supervised_tokens=merge.summary.train.supervised_tokens,
+        reasoning_closed_min_share=closed,
+        truncated_max_share=truncated,
+        tool_call_min_share=calls,
+        vocab_coverage_share=vocab.coverage,
+        replayed_tau_best_tokens_per_step=why.unless(
+            "replayed_tau_best_tokens_per_step",
+            train.best_replayed_tau,
+            "not measured: training ran no evaluation (no eval samples, or train.eval_every "
+            "past the last step)",
         ),
-        "truncated_max_share": _extreme([r.get("truncated_share") for r in finish.values()], max),
-        "tool_call_min_share": _extreme(
-            [tools.get(d, {}).get("tool_call_share") for d, e in expect.items() if e[1]], min
+        benchmark_tau_tokens_per_step={
+            t: why.unless(tau_key(t), r.tau, f"not measured: no verify step at temperature {t}")
+            for t, r in benchmark.temperatures.items()
+        },
+        extract_tokens_per_s=why.unless(
+            "extract_tokens_per_s",
+            extract.tokens_per_s if extract.extracted_tokens else None,
+            "not measured: this run extracted nothing (every shard was on disk already)",
         ),
-        "vocab_coverage_share": vocab.get("coverage"),
-        "replayed_tau_best_tokens_per_step": train.get("best_replayed_tau"),
-    }
-    for t, result in benchmark.get("temperatures", {}).items():
-        out[tau_key(t)] = result.get("tau")
-    out["extract_tokens_per_s"] = extract.get("tokens_per_s") or None
-    out["train_tokens_per_s"] = train.get("tokens_per_s") or None
-    out["train_padding_share"] = train.get("padding_share")
-    # null when training read stored features; else the share of step time in the target
-    out["train_target_forward_share"] = train.get("target_forward_share")
-    return out
+        train_tokens_per_s=why.unless(
+            "train_tokens_per_s",
+            train.tokens_per_s or None,
+            "not measured: this run took no step after its warm-up steps (timed apart)",
+        ),
+        train_padding_share=train.padding_share,
+        train_target_forward_share=why.unless(
+            "train_target_forward_share",
+            train.target_forward_share,
+            f"not measured: training read {STORED} features; the target runs in training "
+            "only with extract.store none",
+        ),
+        why_null=dict(why),
+    )
 
 
 def unit(key: str) -> str:

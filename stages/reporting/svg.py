@@ -15,6 +15,17 @@ from html import escape
 
 PALETTE = ("#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#ff8ab7", "#a463f2", "#9c6b4e")
 LEFT, RIGHT, TOP, BOTTOM = 56, 16, 44, 46
+# The charts' text (the page's CSS sets svg.chart to 11px) and the width a character can take in
+# it: the widest digits and lowercase letters of common sans-serif fonts are about 0.6 em. SVG
+# text is laid out by nobody but us, so labels are spaced by this estimate.
+FONT_PX = 11
+CHAR_PX = 0.62 * FONT_PX
+LABEL_GAP_PX = 8  # the least space between two axis labels
+
+
+def text_width(text: str) -> float:
+    """About how wide `text` is drawn at FONT_PX."""
+    return len(text) * CHAR_PX
 
 
 def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
@@ -98,7 +109,7 @@ def _legend(names: Sequence[str], width: int) -> list[str]:
             f'fill="{PALETTE[i % len(PALETTE)]}"/>'
             f'<text class="legend" x="{x + 14}" y="33">{escape(name)}</text>'
         )
-        x += 6 * len(name) + 28
+        x += round(text_width(name)) + 28
     return out
 
 
@@ -115,9 +126,13 @@ def bars(
     y_max: float | None = None,
     width: int = 460,
     height: int = 240,
+    scale: bool = False,
 ) -> str:
     """Bars per category, one per series side by side (or `stacked`); `reference`: a dashed
-    horizontal line (value, label), e.g. the baseline's tau of 1."""
+    horizontal line (value, label), e.g. the baseline's tau of 1. No two category labels
+    overlap: the chart widens until every one fits, or, when the categories are a `scale`
+    (histogram buckets, read in order), every how-many-th is labelled."""
+    stride, width = _label_stride(categories, width, scale)
     names = list(series)
     values = [[float(v or 0.0) for v in series[n]] for n in names]
     top = _bars_top(values, stacked, reference)
@@ -146,7 +161,7 @@ def bars(
             )
             if stacked:
                 base += v
-        if len(categories) <= 24 or c % math.ceil(len(categories) / 12) == 0:
+        if c % stride == 0:
             out.append(
                 f'<text class="tick" x="{x0 + group / 2:.1f}" y="{bottom + 14}" '
                 f'text-anchor="middle">{escape(category)}</text>'
@@ -154,6 +169,18 @@ def bars(
     if reference is not None:
         out.append(_reference(y_of(reference[0]), reference[1], width))
     return "\n".join(out + _legend(names, width) + ["</svg>"])
+
+
+def _label_stride(categories: Sequence[str], width: int, scale: bool) -> tuple[int, int]:
+    """(label every how-many-th category, the chart's width) so that labels, centred on their
+    slots, keep LABEL_GAP_PX between them: a wider chart for names, fewer labels on a scale."""
+    needed = max((text_width(c) for c in categories), default=0.0) + LABEL_GAP_PX
+    slot = (width - LEFT - RIGHT) / max(len(categories), 1)
+    if slot >= needed:
+        return 1, width
+    if scale:
+        return math.ceil(needed / slot), width
+    return 1, math.ceil(LEFT + RIGHT + needed * len(categories))
 
 
 def _bars_top(

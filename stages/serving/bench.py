@@ -13,19 +13,16 @@ concurrency, the two servers measured one after the other so they never share th
 from __future__ import annotations
 
 import itertools
-import shlex
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 
 from ..engines import Sampling
 from ..engines.sglang import INFO_PATHS, Reply, SGLangEngine, SGLangError, get_json
 from ..runtime.progress import Progress
-from .launch import launch_command
+from .launch import ALGORITHM, speculative_args
 
-ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
 SPECULATIVE_FIELDS = (
     "speculative_algorithm",
     "speculative_draft_model_path",
@@ -33,29 +30,6 @@ SPECULATIVE_FIELDS = (
     "speculative_eagle_topk",
     "speculative_num_draft_tokens",
 )
-
-
-def speculative_args(drafter_dir: str | Path, num_steps: int) -> list[str]:
-    """launch_server flags that put the drafter in front of the target: a chain (topk 1) of
-    `num_steps` drafts, verified with the target's own next token."""
-    return [
-        "--speculative-algorithm",
-        ALGORITHM,
-        "--speculative-draft-model-path",
-        str(drafter_dir),
-        "--speculative-num-steps",
-        str(num_steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(num_steps + 1),
-    ]
-
-
-def launch_line(model_path: str, drafter_dir: str | Path, num_steps: int) -> str:
-    """The SGLang launch a drafter is meant for, as one shell line (EAGLE3, not EAGLE)."""
-    args = speculative_args(drafter_dir, num_steps)
-    return shlex.join(launch_command(model_path, {}, args, python="python"))
 
 
 def server_facts(url: str, timeout_s: float = 10.0, api_key: str | None = None) -> dict:

@@ -26,6 +26,8 @@ import httpx
 from ..engines import EngineError
 from ..runtime.parallel import NCCL_ENV
 
+ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
+
 
 class ServerError(EngineError):
     """The server did not start or did not get healthy; the message holds its log's tail."""
@@ -181,3 +183,26 @@ def _exit_on_sigterm() -> None:
         and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     ):
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def speculative_args(drafter_dir: str | Path, num_steps: int) -> list[str]:
+    """launch_server flags that put the drafter in front of the target: a chain (topk 1) of
+    `num_steps` drafts, verified with the target's own next token."""
+    return [
+        "--speculative-algorithm",
+        ALGORITHM,
+        "--speculative-draft-model-path",
+        str(drafter_dir),
+        "--speculative-num-steps",
+        str(num_steps),
+        "--speculative-eagle-topk",
+        "1",
+        "--speculative-num-draft-tokens",
+        str(num_steps + 1),
+    ]
+
+
+def launch_line(model_path: str, drafter_dir: str | Path, num_steps: int) -> str:
+    """The SGLang launch a drafter is meant for, as one shell line (EAGLE3, not EAGLE)."""
+    args = speculative_args(drafter_dir, num_steps)
+    return shlex.join(launch_command(model_path, {}, args, python="python"))

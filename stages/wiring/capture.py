@@ -8,17 +8,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import config
 from ..capture.hf import HFCapture
 from ..capture.interface import Capture, Role, config_facts
 from ..cli import params_key
 from ..drafter.layers import default_aux_indices
+from ..params.extract import ExtractParams
+from ..params.target import TargetParams
 from ..target.model import load_causal_lm
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
-def aux_indices(params: config.ExtractParams, num_layers: int) -> list[int]:
+def aux_indices(params: ExtractParams, num_layers: int) -> list[int]:
     """The HF hidden-state indices to capture: `extract.layers`, or EAGLE-3's default for a
     target of `num_layers` layers."""
     with params_key("extract.layers"):
@@ -26,7 +27,7 @@ def aux_indices(params: config.ExtractParams, num_layers: int) -> list[int]:
 
 
 def build_capture(
-    params: config.ExtractParams, target: config.TargetParams, rank: int = 0, world: int = 1
+    params: ExtractParams, target: TargetParams, rank: int = 0, world: int = 1
 ) -> Capture:
     """The configured engine's Capture for this process."""
     dtype = DTYPES[params.dtype]
@@ -73,7 +74,7 @@ class ConfigFacts:
 
 
 def config_only_facts(
-    params: config.ExtractParams, target: config.TargetParams, rank: int, world: int
+    params: ExtractParams, target: TargetParams, rank: int, world: int
 ) -> ConfigFacts:
     """The target's facts from its config.json, and this process's share of the shards (every
     process writes its own, as with the hf engine)."""

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import config
 from ..cli import StageError, params_key
 from ..engines import Sampling
+from ..params.generate import GenerateParams
+from ..params.server import SGLangLaunchParams
+from ..params.target import TargetParams
 from ..serving.launch import SGLangServer, launch_command, server_url, start_server
 from ..target.tokenizer import pad_id
 from ..target.tokens import TokenRoles
 from .target import api_key
 
 
-def server_command(launch: config.SGLangLaunchParams, target: config.TargetParams) -> list[str]:
+def server_command(launch: SGLangLaunchParams, target: TargetParams) -> list[str]:
     """The `python -m sglang.launch_server ...` command serving the target, from params."""
     return launch_command(
         launch.model_path or target.path,
@@ -24,7 +26,7 @@ def server_command(launch: config.SGLangLaunchParams, target: config.TargetParam
     )
 
 
-def start_launched(launch: config.SGLangLaunchParams, command: list[str], key: str) -> SGLangServer:
+def start_launched(launch: SGLangLaunchParams, command: list[str], key: str) -> SGLangServer:
     """Start `command` and wait until it answers /health (it stops when the process exits);
     `key` is the params section of `launch`, named in errors."""
     with params_key(key):
@@ -36,7 +38,7 @@ def start_launched(launch: config.SGLangLaunchParams, command: list[str], key: s
         )
 
 
-def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
+def sampling_for(gen: GenerateParams, roles: TokenRoles) -> Sampling:
     return Sampling(
         max_new_tokens=gen.max_new_tokens,
         temperature=gen.temperature,
@@ -47,7 +49,7 @@ def sampling_for(gen: config.GenerateParams, roles: TokenRoles) -> Sampling:
     )
 
 
-def make_engine(gen: config.GenerateParams, target: config.TargetParams, tokenizer):
+def make_engine(gen: GenerateParams, target: TargetParams, tokenizer):
     """The generation engine params name (for sglang with `launch`, its server started)."""
     if gen.engine == "hf":
         from ..engines.hf import HFEngine

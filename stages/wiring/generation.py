@@ -11,14 +11,14 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from .. import config
 from ..cli import params_key
 from ..drafter.serving_dtype import sglang_auto_dtype
 from ..engines import Sampling
+from ..params.target import TargetParams
 from ..target.tokenizer import model_fingerprint
 
 
-def recipe_facts(target: config.TargetParams, sampling: Sampling, regenerate: str) -> dict:
+def recipe_facts(target: TargetParams, sampling: Sampling, regenerate: str) -> dict:
     """What shapes the generated tokens whatever the engine: the model's files (and the
     transformers version that renders its template), the template and its kwargs, the roles,
     every sampling value and the multi-turn mode."""
@@ -35,7 +35,7 @@ def recipe_facts(target: config.TargetParams, sampling: Sampling, regenerate: st
     }
 
 
-def in_process_facts(target: config.TargetParams) -> dict:
+def in_process_facts(target: TargetParams) -> dict:
     """What shapes the tokens of the target run in this process (the hf engine), under the names
     a server's facts have (engines/sglang.py SERVED_FACTS): the dtype target.dtype resolves to
     on target.device, no quantization, no server."""
@@ -49,7 +49,7 @@ def in_process_facts(target: config.TargetParams) -> dict:
 SERVER_DTYPES = {"half": "float16", "float": "float32"}  # SGLang's --dtype aliases
 
 
-def served_facts(reported: dict, target: config.TargetParams) -> dict:
+def served_facts(reported: dict, target: TargetParams) -> dict:
     """A server's facts with its --dtype resolved: `auto` as SGLang's rule runs the target's
     config (drafter/serving_dtype.py), the aliases by their names."""
     dtype = reported.get("dtype")
@@ -65,7 +65,7 @@ def served_facts(reported: dict, target: config.TargetParams) -> dict:
     return {**reported, "dtype": SERVER_DTYPES.get(dtype, dtype) if dtype else None}
 
 
-def engine_facts(engine, target: config.TargetParams) -> dict:
+def engine_facts(engine, target: TargetParams) -> dict:
     """The engine's share of the generation facts: a server engine's as its servers report
     them, the in-process target's from params."""
     if hasattr(engine, "facts"):

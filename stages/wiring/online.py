@@ -7,18 +7,19 @@ import dataclasses
 
 import torch
 
-from .. import config
 from ..artifacts.hidden import HiddenMeta
 from ..capture.hooks import FeatureExtractor
 from ..capture.online import GroupFeatures, OnlineFeatures, RankFeatures
 from ..cli import params_key
 from ..drafter.training import feature_dtype
+from ..params.extract import ExtractParams
+from ..params.target import TargetParams
 from ..target.model import load_causal_lm
 
 
 def online_features(
-    params: config.ExtractParams,
-    target: config.TargetParams,
+    params: ExtractParams,
+    target: TargetParams,
     meta: HiddenMeta,
     device: torch.device,
     rank: int = 0,

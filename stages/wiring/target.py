@@ -6,22 +6,22 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import config
 from ..cli import StageError, params_key
+from ..params.target import TargetParams
 from ..target.tokenizer import load_tokenizer
 from ..target.tokens import TokenRoles, learn_roles
 
 TEMPLATES = Path("templates")  # a dep of every stage that reads target.chat_template (dvc.yaml)
 
 
-def target_tokenizer(target: config.TargetParams):
+def target_tokenizer(target: TargetParams):
     if problem := untracked_template(target):
         print(f"[target] warning: {problem}")
     with params_key("target"):
         return load_tokenizer(target.path, target.chat_template, target.trust_remote_code)
 
 
-def untracked_template(target: config.TargetParams) -> str | None:
+def untracked_template(target: TargetParams) -> str | None:
     """Why an edit of the chat template file would rerun no stage, or None. Params hold only
     its path; dvc.yaml tracks the files under templates/ and the target's directory."""
     if not target.chat_template:
@@ -36,7 +36,7 @@ def untracked_template(target: config.TargetParams) -> str | None:
     )
 
 
-def target_roles(target: config.TargetParams, tokenizer) -> TokenRoles:
+def target_roles(target: TargetParams, tokenizer) -> TokenRoles:
     with params_key("target"):
         return learn_roles(tokenizer, target.roles)
 

@@ -29,7 +29,6 @@ import torch
 import yaml
 from safetensors import safe_open
 
-from stages import config
 from stages.artifacts import hidden
 from stages.capture import canary as canary_math
 from stages.capture import sglang as sglang_capture
@@ -43,6 +42,10 @@ from stages.cli import StageError
 from stages.commands import canary
 from stages.drafter.layers import serving_layer_ids, sglang_captured_indices
 from stages.extract import extract
+from stages.params.extract import ExtractCanaryParams, ExtractParams, ExtractSGLangParams
+from stages.params.schema import build
+from stages.params.target import TargetParams
+from stages.runtime.errors import ParamsError
 from stages.runtime.files import CHECKSUM_SUFFIX
 from stages.target.model import load_causal_lm
 from stages.wiring.capture import build_capture
@@ -57,18 +60,18 @@ RELEASES = fake_sglang.STAND_INS
 SAMPLES = [list(range(3, 9)), [7] * 3 + list(range(40, 77)), list(range(90, 117)), [5, 6]]
 
 
-def target_params(path: Path) -> config.TargetParams:
-    return config.TargetParams(path=str(path), device="cpu", cpu_threads=1)
+def target_params(path: Path) -> TargetParams:
+    return TargetParams(path=str(path), device="cpu", cpu_threads=1)
 
 
-def extract_params(engine: str, layers=None, dtype="float32", **sglang) -> config.ExtractParams:
-    return config.ExtractParams(
+def extract_params(engine: str, layers=None, dtype="float32", **sglang) -> ExtractParams:
+    return ExtractParams(
         engine=engine,
         layers=layers,
         dtype=dtype,
         batch_tokens=96,
         shard_tokens=60,
-        sglang=config.ExtractSGLangParams(**{"tp_size": 1, "max_tokens_per_forward": 64, **sglang}),
+        sglang=ExtractSGLangParams(**{"tp_size": 1, "max_tokens_per_forward": 64, **sglang}),
     )
 
 
@@ -265,16 +268,16 @@ def test_version_check_names_the_supported_range(version, targets, fake, tmp_pat
 
 
 def test_sglang_params_are_validated():
-    with pytest.raises(config.ParamsError, match="ep_size 3 must divide tp_size 8"):
-        config.ExtractSGLangParams(ep_size=3)
+    with pytest.raises(ParamsError, match="ep_size 3 must divide tp_size 8"):
+        ExtractSGLangParams(ep_size=3)
     for share in (0, 1.0, 1.5):  # the whole GPU leaves nothing for activations
-        with pytest.raises(config.ParamsError, match=r"mem_fraction_static.*allowed: > 0 and < 1"):
-            config.ExtractSGLangParams(mem_fraction_static=share)
-    assert config.ExtractSGLangParams(mem_fraction_static=0.99).mem_fraction_static == 0.99
-    with pytest.raises(config.ParamsError, match="canary.url"):
-        config.ExtractCanaryParams(reference="http")
-    with pytest.raises(config.ParamsError, match="engine"):
-        config.build(config.ExtractParams, {"engine": "vllm"}, "extract")
+        with pytest.raises(ParamsError, match=r"mem_fraction_static.*allowed: > 0 and < 1"):
+            ExtractSGLangParams(mem_fraction_static=share)
+    assert ExtractSGLangParams(mem_fraction_static=0.99).mem_fraction_static == 0.99
+    with pytest.raises(ParamsError, match="canary.url"):
+        ExtractCanaryParams(reference="http")
+    with pytest.raises(ParamsError, match="engine"):
+        build(ExtractParams, {"engine": "vllm"}, "extract")
 
 
 # --- the extract stage on the sglang engine: artifact, resume ------------------------------
@@ -311,7 +314,7 @@ def test_extract_with_the_sglang_engine_resumes_shard_by_shard(targets, fake, tm
     out = tmp_path / "hidden"
     params = extract_params("sglang", [1, 3, 6])
     report = extract(merged, out, params, target_params(targets["llama"]))
-    assert report["engine"] == "sglang" and report["extracted_tokens"] == report["tokens"]
+    assert report.engine == "sglang" and report.extracted_tokens == report.tokens
     meta = json.loads((out / hidden.META).read_text())
     assert meta["engine"] == "sglang" and meta["sglang_version"] == "0.5.23"
     assert meta["aux_hf_indices"] == [1, 3, 6] and meta["sglang_capture_ids"] == [0, 2, 5]
@@ -326,7 +329,7 @@ def test_extract_with_the_sglang_engine_resumes_shard_by_shard(targets, fake, tm
     record.RECORD.clear()
     fake()  # a new process
     again = extract(merged, out, params, target_params(targets["llama"]))
-    assert shards[1].exists() and again["extracted_tokens"] < again["tokens"]
+    assert shards[1].exists() and again.extracted_tokens < again.tokens
     assert all(p.stat().st_mtime_ns == stamps[p] for p in shards if p != shards[1])
     forwarded = sum(r["tokens"] for r in record.RECORD if r["event"] == "forward")
     n1 = shard_tensors(shards[1])["input_ids"].numel()
@@ -348,12 +351,10 @@ def test_hf_engine_shards_hold_each_sample_as_run_alone_whatever_the_writers(
     merged = write_merged(tmp_path / "merged")
     shards = {}
     for run, writers in (("one", 1), ("three", 3), ("again", 3)):
-        params = config.ExtractParams(
-            shard_tokens=60, batch_tokens=96, dtype=dtype, writers=writers
-        )
+        params = ExtractParams(shard_tokens=60, batch_tokens=96, dtype=dtype, writers=writers)
         report = extract(merged, tmp_path / run, params, target_params(targets["llama"]))
-        assert report["warmup_s"] > 0 and report["time"]["loop_s"] > 0
-        assert report["time"]["forward_s"] > 0 and report["time"]["save_s"] > 0
+        assert report.warmup_s > 0 and report.time["loop_s"] > 0
+        assert report.time["forward_s"] > 0 and report.time["save_s"] > 0
         shards[run] = [p.read_bytes() for p in hidden.shard_files(tmp_path / run)]
     assert len(shards["one"]) >= 3 and shards["one"] == shards["three"] == shards["again"]
     if dtype == "float32":
@@ -629,10 +630,10 @@ def test_canary_against_a_served_capture(served, passes, targets, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        ext = config.ExtractParams(
+        ext = ExtractParams(
             engine="hf",
             dtype="float32",
-            canary=config.ExtractCanaryParams(reference="http", url=url, max_rel_error=1e-3),
+            canary=ExtractCanaryParams(reference="http", url=url, max_rel_error=1e-3),
         )
         target = target_params(targets["llama"])
         report = canary.run_canary(build_capture(ext, target), SAMPLES, ext, target)

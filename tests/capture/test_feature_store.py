@@ -16,12 +16,13 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from stages import config
 from stages import extract as extract_stage
 from stages import train as train_stage
 from stages.artifacts.hidden import HiddenStates, collate, label_positions, read_meta, shard_files
 from stages.drafter.training import Objective, train
 from stages.extract import extract
+from stages.params.extract import ExtractParams
+from stages.params.target import TargetParams
 from stages.target.weights import embedding_and_head
 from stages.wiring.online import online_features
 from tests.conftest import DEMO_TARGET
@@ -31,7 +32,7 @@ from tests.runtime.test_distributed import write_merged
 from tests.stages.test_extract_train import KilledAfter, settings
 
 CPU = torch.device("cpu")
-TARGET = config.TargetParams(path=str(DEMO_TARGET), device="cpu", dtype="float32", cpu_threads=1)
+TARGET = TargetParams(path=str(DEMO_TARGET), device="cpu", dtype="float32", cpu_threads=1)
 EXTRACT = {"layers": [2, 4, 5], "shard_tokens": 120, "batch_tokens": 256, "dtype": "float32"}
 HIDDEN = 128  # the demo target's
 MAX_LENGTH = 24  # cuts the longer samples inside a supervised span
@@ -44,9 +45,9 @@ def stores(tmp_path_factory) -> dict[str, Path]:
     merged = write_merged(tmp / "merged")
     write_vocab(tmp / "vocab.safetensors")
     for store in ("all", "supervised", "none"):
-        params = config.ExtractParams(**EXTRACT, store=store)
+        params = ExtractParams(**EXTRACT, store=store)
         report = extract(merged, tmp / store, params, TARGET)
-        (tmp / f"{store}.json").write_text(json.dumps(report))
+        report.write(tmp / f"{store}.json")
     return {store: tmp / store for store in ("all", "supervised", "none")}
 
 
@@ -199,7 +200,7 @@ def test_online_training_follows_the_offline_loss_curve(stores, tmp_path):
 @pytest.mark.slow
 def test_an_online_run_killed_mid_way_resumes_where_it_stopped(stores, tmp_path):
     hidden = stores["none"]
-    features = online_features(config.ExtractParams(**EXTRACT), TARGET, read_meta(hidden), CPU)
+    features = online_features(ExtractParams(**EXTRACT), TARGET, read_meta(hidden), CPU)
     train_set, eval_set = HiddenStates(hidden, "train"), HiddenStates(hidden, "eval")
     quiet = {"log": lambda _: None, "features": features}
     s = dataclasses.replace(settings(6), batch_size=2, eval_max_samples=3)
@@ -220,10 +221,10 @@ def test_an_online_run_killed_mid_way_resumes_where_it_stopped(stores, tmp_path)
 def test_changing_the_store_extracts_again(stores, tmp_path, capsys):
     hidden = tmp_path / "hidden"
     merged = stores["all"].parent / "merged"
-    extract(merged, hidden, config.ExtractParams(**EXTRACT), TARGET)
+    extract(merged, hidden, ExtractParams(**EXTRACT), TARGET)
     before = json.loads((hidden / "meta.json").read_text())["fingerprint"]
     capsys.readouterr()
-    extract(merged, hidden, config.ExtractParams(**EXTRACT, store="supervised"), TARGET)
+    extract(merged, hidden, ExtractParams(**EXTRACT, store="supervised"), TARGET)
     assert "extracting again" in capsys.readouterr().out
     meta = json.loads((hidden / "meta.json").read_text())
     assert meta["store"] == "supervised" and meta["fingerprint"] != before
@@ -245,7 +246,7 @@ def test_a_changed_store_that_fails_keeps_the_shards_it_has_not_replaced(
     shutil.copytree(stores["all"], hidden)
     earlier, fresh = shard_bytes(hidden), shard_bytes(stores["supervised"])
     assert len(earlier) >= 3
-    supervised = config.ExtractParams(**EXTRACT, store="supervised")
+    supervised = ExtractParams(**EXTRACT, store="supervised")
     rows = extract_stage.shard_rows
 
     def failing_after_one(*args):

@@ -22,13 +22,14 @@ import yaml
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
-from stages import config
 from stages import train as train_stage
 from stages.artifacts.hidden import HiddenStates, read_meta
 from stages.capture.online import GroupFeatures
 from stages.drafter.training import Objective, train
 from stages.drafter.vocab import build_draft_vocab
 from stages.extract import extract
+from stages.params.extract import ExtractParams, ExtractSGLangParams
+from stages.params.target import TargetParams
 from stages.runtime.parallel import NCCL_ENV
 from stages.target.weights import embedding_and_head
 from stages.wiring.online import online_features
@@ -103,14 +104,14 @@ def test_an_online_run_over_the_sglang_engine_killed_mid_way_resumes_where_it_st
     """Killed in step 4, after the step-3 checkpoint, then run again: the steps, evaluations and
     weights of a run that was never killed (one process: the loop is the same on every rank)."""
     fake("0.5.23")
-    target = config.TargetParams(path=str(targets["llama"]), device="cpu", dtype="float32")
-    params = config.ExtractParams(
+    target = TargetParams(path=str(targets["llama"]), device="cpu", dtype="float32")
+    params = ExtractParams(
         engine="sglang",
         layers=LAYERS,
         dtype="float32",
         shard_tokens=60,
         store="none",
-        sglang=config.ExtractSGLangParams(tp_size=1, max_tokens_per_forward=64),
+        sglang=ExtractSGLangParams(tp_size=1, max_tokens_per_forward=64),
     )
     hidden = tmp_path / "hidden"
     extract(write_merged(tmp_path / "merged"), hidden, params, target)

@@ -14,8 +14,8 @@ import pytest
 import typer
 
 from stages.commands import console, query
-from stages.config import MergeParams
 from stages.merge import merge
+from stages.params.merge import MergeParams
 from stages.queries import QUERY_DIR
 from stages.queries.session import catalog, description, is_view, open_session, parameters
 from stages.reporting.text import text_table

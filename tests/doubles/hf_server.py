@@ -43,7 +43,7 @@ from stages.drafter.model import Eagle3Drafter, target_facts
 from stages.drafter.speculate import SpecResult, speculative_generate
 from stages.engines import Completion, FinishReason, Request, Sampling, trim_at_stop
 from stages.engines.hf import HFEngine
-from stages.serving.bench import ALGORITHM
+from stages.serving.launch import ALGORITHM
 from stages.target.model import load_causal_lm
 
 # Sampling values this server honours; the others must be absent, null or neutral.

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from stages.drafter.vocab import build_draft_vocab, count_supervised_tokens, coverage
+from stages.drafter.vocab import build_draft_vocab, coverage, token_counts
 
 from .conftest import make_drafter
 
@@ -29,25 +29,17 @@ def test_rejects_a_draft_vocab_larger_than_the_target():
         build_draft_vocab(torch.ones(3, dtype=torch.long), 4)
 
 
-def test_counts_only_supervised_tokens_and_coverage():
-    ids = [torch.tensor([[1, 2, 2, 3]]), torch.tensor([[3, 3, 0, 1], [2, 2, 2, 2]])]
-    masks = [torch.tensor([[0, 1, 1, 1]]), torch.tensor([[1, 1, 1, 0], [0, 0, 0, 1]])]
-    counts = count_supervised_tokens(ids, masks, vocab_size=5)
-    assert counts.tolist() == [1, 0, 3, 3, 0]
+def test_counts_from_pairs_and_coverage():
+    counts = token_counts([(1, 1), (2, 3), (3, 3)], vocab_size=5)
+    assert counts.tolist() == [0, 1, 3, 3, 0]
     _, t2d, _ = build_draft_vocab(counts, 2)
     assert t2d.tolist() == [False, False, True, True, False]
     assert coverage(counts, t2d) == pytest.approx(6 / 7)
 
 
-def test_counting_names_the_bad_batch():
-    with pytest.raises(ValueError, match="batch 1: token id 9"):
-        count_supervised_tokens(
-            [torch.tensor([1]), torch.tensor([9])],
-            [torch.tensor([1]), torch.tensor([1])],
-            vocab_size=5,
-        )
-    with pytest.raises(ValueError, match="batch 0: input_ids"):
-        count_supervised_tokens([torch.tensor([1, 2])], [torch.tensor([1])], vocab_size=5)
+def test_counting_refuses_an_id_outside_the_vocabulary():
+    with pytest.raises(ValueError, match="token id 9 is outside the target vocabulary of 5"):
+        token_counts([(1, 2), (9, 1)], vocab_size=5)
 
 
 def test_drafter_takes_the_built_vocabulary(target_config):

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from stages.artifacts.prompts import PROMPTS_SCHEMA
-from stages.config import TargetParams
 from stages.engines.hf import HFEngine
 from stages.engines.sglang import SGLangEngine
+from stages.params.target import TargetParams
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id
 from stages.wiring.target import target_roles, target_tokenizer

@@ -13,10 +13,14 @@ import httpx
 import pytest
 import yaml
 
-from stages import config, generate
+from stages import generate
 from stages.artifacts.raw import read_raw
 from stages.capture.served import served_aux
 from stages.engines import AuthError
+from stages.params.benchmark import BenchmarkParams
+from stages.params.extract import ExtractParams
+from stages.params.generate import GenerateParams
+from stages.runtime.errors import ParamsError
 from stages.serving.bench import server_facts
 from stages.serving.monitor import ServerMetrics
 from stages.wiring.target import api_key
@@ -184,17 +188,17 @@ def test_a_missing_variable_is_named(monkeypatch):
 @pytest.mark.parametrize(
     "section, cls, value",
     [
-        ("generate", config.GenerateParams, SECRET),
-        ("generate", config.GenerateParams, "abcdef0123456789abcdef0123456789"),
-        ("benchmark", config.BenchmarkParams, SECRET),
-        ("benchmark", config.BenchmarkParams, 1234567890123),
+        ("generate", GenerateParams, SECRET),
+        ("generate", GenerateParams, "abcdef0123456789abcdef0123456789"),
+        ("benchmark", BenchmarkParams, SECRET),
+        ("benchmark", BenchmarkParams, 1234567890123),
     ],
 )
 def test_a_key_in_params_is_refused_and_not_repeated(tmp_path, section, cls, value):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump({section: {"sglang": {"api_key_env": value}}}))
-    with pytest.raises(config.ParamsError) as err:
-        config.section(cls, section, path)
+    with pytest.raises(ParamsError) as err:
+        cls.read(path)
     message = str(err.value)
     assert f"{section}.sglang.api_key_env" in message and str(value) not in message
     assert "not shown" in message
@@ -211,13 +215,9 @@ def test_key_names_are_accepted(tmp_path):
             }
         )
     )
-    assert config.section(config.GenerateParams, "generate", path).sglang.api_key_env == (
-        "SGLANG_API_KEY"
-    )
-    assert config.section(config.BenchmarkParams, "benchmark", path).sglang.api_key_env == (
-        "BENCH_KEY_2"
-    )
-    assert config.section(config.ExtractParams, "extract", path).canary.api_key_env == "CANARY_KEY"
+    assert GenerateParams.read(path).sglang.api_key_env == ("SGLANG_API_KEY")
+    assert BenchmarkParams.read(path).sglang.api_key_env == ("BENCH_KEY_2")
+    assert ExtractParams.read(path).canary.api_key_env == "CANARY_KEY"
 
 
 def test_hf_server_takes_api_key_as_sglang_does():

@@ -13,8 +13,9 @@ import pytest
 
 from stages import generate
 from stages.artifacts.raw import parts, read_raw
-from stages.config import GenerateParams, SGLangLaunchParams, SGLangParams, SGLangServerArgs
 from stages.engines.sglang import SGLangError
+from stages.params.generate import GenerateParams, SGLangParams
+from stages.params.server import SGLangLaunchParams, SGLangServerArgs
 from stages.serving.launch import is_healthy
 from stages.wiring import engines as wiring_engines
 from stages.wiring.engines import make_engine
@@ -81,7 +82,7 @@ def test_stage_via_local_server_gives_the_hf_engine_samples(
     out = tmp_path / "raw-sglang"
     metrics = generate.generate_dataset("t", prompts_file, out, via(server.url), 10**6, target)
     assert samples(out) == reference
-    assert metrics["engine"] == "sglang" and metrics["failed"] == 0
+    assert metrics.engine == "sglang" and metrics.failed == 0
     assert set(read_raw(out).column("engine").to_pylist()) == {"sglang"}
     assert f"[generate t] {len(reference)}/{len(reference)} samples" in capsys.readouterr().err
 
@@ -131,13 +132,13 @@ def test_budget_stops_scheduling_and_the_overshoot_is_reported(
 ):
     out = tmp_path / "raw"
     metrics = generate.generate_dataset("t", prompts_file, out, via(serve().url), 30, target)
-    assert metrics["budget_reached"] and metrics["tokens"] >= 30
-    assert metrics["budget_overshoot_tokens"] == metrics["tokens"] - 30
+    assert metrics.budget_reached and metrics.tokens >= 30
+    assert metrics.budget_overshoot_tokens == metrics.tokens - 30
     # rows are in completion order: after the one that reached the budget, only requests
     # already in flight may finish
     lengths = read_raw(out).column("completion_tokens").to_pylist()
     reached = next(n for n in range(1, len(lengths) + 1) if sum(lengths[:n]) >= 30)
-    assert metrics["samples"] <= reached + FAST_RETRIES["concurrency"] - 1 < metrics["prompts"]
+    assert metrics.samples <= reached + FAST_RETRIES["concurrency"] - 1 < metrics.prompts
 
 
 def test_server_gone_for_a_second_then_back_costs_nothing(
@@ -160,7 +161,7 @@ def test_server_gone_for_a_second_then_back_costs_nothing(
         "t", prompts_file, out, HF, 10**6, target, engine=KilledAfter(engine, 3, stop_until_later)
     )
     back.join()
-    assert samples(out) == reference and metrics["new_samples"] == len(reference)
+    assert samples(out) == reference and metrics.new_samples == len(reference)
     assert engine.retries >= 1
 
 
@@ -188,6 +189,6 @@ def test_server_killed_mid_run_then_rerun_loses_and_duplicates_nothing(
     second = serve()
     metrics = generate.generate_dataset("t", prompts_file, out, via(second.url), 10**6, target)
     assert samples(out) == reference
-    assert metrics["new_samples"] == len(reference) - len(kept)
+    assert metrics.new_samples == len(reference) - len(kept)
     assert second.stats["completed"] == len(reference) - len(kept)
     assert len(parts(out)) == 1

@@ -39,9 +39,10 @@ from pathlib import Path
 import aiohttp
 import pyarrow.parquet as pq
 
-from stages import config
 from stages.artifacts.prompts import PromptSettings, write_prompts
 from stages.engines.sglang import JSON_HEADERS, request_body
+from stages.params.generate import GenerateParams
+from stages.params.target import TargetParams
 from stages.serving.launch import launch_command, start_server
 from stages.wiring.engines import sampling_for
 from stages.wiring.target import target_roles, target_tokenizer
@@ -150,7 +151,7 @@ def run_bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict:
 
 def measure(args, name: str, target: Path, work: Path) -> list[dict]:
     """One server for `target`, then per concurrency: warm-up, the stage, the bare loop."""
-    target_params = config.TargetParams(path=str(target), device="cpu")
+    target_params = TargetParams(path=str(target), device="cpu")
     tokenizer = target_tokenizer(target_params)
     roles = target_roles(target_params, tokenizer)
     url = f"http://127.0.0.1:{args.port}"
@@ -175,7 +176,7 @@ def measure(args, name: str, target: Path, work: Path) -> list[dict]:
                 prompts, c * args.requests_per_slot, tuple(args.prompt_lengths), len(tokenizer)
             )
             params_file = stage_params(cwork, str(target), url, c, args.max_new_tokens)
-            gen = config.section(config.GenerateParams, "generate", params_file)
+            gen = GenerateParams.read(params_file)
             sampling = sampling_for(gen, roles)
             run_bare(url, rows, sampling, c)  # warm-up
             staged = run_stage(cwork, params_file, prompts)

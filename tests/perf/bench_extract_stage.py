@@ -49,11 +49,12 @@ import transformers
 from safetensors import safe_open
 from torch._dynamo.utils import counters
 
-from stages import config
 from stages.artifacts import hidden
 from stages.capture.hooks import FeatureExtractor, compile_layers
 from stages.drafter.layers import default_aux_indices
 from stages.extract import extract
+from stages.params.extract import ExtractParams
+from stages.params.target import TargetParams
 from stages.runtime.device import resolve_device
 from stages.runtime.files import CHECKSUM_SUFFIX, remove_with_checksum
 from tests.perf.bench_extract import (
@@ -129,7 +130,7 @@ def time_forward(model, extractor: FeatureExtractor, args, device: torch.device)
 
 def run_stage(args, merged: Path, target: Path, out: Path, device: torch.device) -> dict:
     """(b): the stage itself, its finished shards deleted beside it from the keep-th on."""
-    params = config.ExtractParams(
+    params = ExtractParams(
         shard_tokens=args.shard_tokens,
         batch_tokens=args.batch_tokens,
         compile=args.compile,
@@ -140,8 +141,8 @@ def run_stage(args, merged: Path, target: Path, out: Path, device: torch.device)
     reaper.start()
     start = time.monotonic()
     try:
-        target_params = config.TargetParams(path=str(target), device=str(device))
-        report = extract(merged, out, params, target_params)
+        target_params = TargetParams(path=str(target), device=str(device))
+        report = extract(merged, out, params, target_params).to_json()
     finally:
         reaper.stop()
     report["wall_s"] = round(time.monotonic() - start, 1)  # with loading the target

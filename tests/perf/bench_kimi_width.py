@@ -63,7 +63,6 @@ import yaml
 from safetensors.torch import save_file
 from transformers import AutoConfig
 
-from stages import config
 from stages import train as train_stage
 from stages.artifacts.hidden import STORES, HiddenStates, collate, read_meta
 from stages.artifacts.merged import COLUMNS
@@ -81,6 +80,9 @@ from stages.drafter.training import (
 )
 from stages.drafter.vocab import build_draft_vocab
 from stages.extract import extract
+from stages.params.extract import ExtractParams
+from stages.params.target import TargetParams
+from stages.params.train import TrainParams
 from stages.runtime.device import resolve_device
 from stages.target.weights import embedding_and_head
 from stages.wiring.online import online_features
@@ -189,11 +191,11 @@ def run_extract(
     aux: list[int],
     store: str = "all",
 ) -> dict:
-    params = config.ExtractParams(
+    params = ExtractParams(
         layers=aux, shard_tokens=length, batch_tokens=length, dtype="bfloat16", store=store
     )
-    target_params = config.TargetParams(path=str(target), device=str(device))
-    return extract(merged, hidden, params, target_params)
+    target_params = TargetParams(path=str(target), device=str(device))
+    return extract(merged, hidden, params, target_params).to_json()
 
 
 def write_params(path: Path, args, target: Path, device: torch.device, length: int) -> None:
@@ -241,12 +243,12 @@ def time_train_step(
     products, as its params say), timed as bench_train times it: the median of --repeat steps
     after --warmup, so compilation and start-up stay out of the rate.
     Online (store none) each step first runs the target on the batch, as the stage does."""
-    p = config.section(config.TrainParams, "train", params)
+    p = TrainParams.read(params)
     meta = read_meta(hidden)
     features = (
         online_features(
-            config.section(config.ExtractParams, "extract", params),
-            config.section(config.TargetParams, "target", params),
+            ExtractParams.read(params),
+            TargetParams.read(params),
             meta,
             device,
         )
@@ -283,7 +285,7 @@ def time_train_step(
 
 def export_untrained(work: Path, params: Path, vocab: Path, hidden: Path, target: Path) -> None:
     """What the train stage would export, from a fresh drafter (when training did not finish)."""
-    p = config.section(config.TrainParams, "train", params)
+    p = TrainParams.read(params)
     meta = read_meta(hidden)
     target_config = AutoConfig.from_pretrained(target, local_files_only=True)
     drafter = train_stage.build_drafter(target_config, meta, vocab, p.draft)

@@ -10,16 +10,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stages import config
-from stages.serving.bench import launch_line
+from stages.params.schema import load_params
+from stages.params.sections import check_all
+from stages.serving.launch import launch_line
 from tests.perf import real_sglang
 
 
 @pytest.mark.parametrize("name", sorted(real_sglang.VARIANTS))
 def test_every_params_file_it_writes_passes_the_check(name, tmp_path):
     path = real_sglang.params(tmp_path, name, real_sglang.VARIANTS[name])
-    config.check_all(path)
-    written = config.load_params(path)
+    check_all(path)
+    written = load_params(path)
     assert written["target"]["device"] == "cuda" and written["extract"]["sglang"]["tp_size"] == 1
 
 

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from stages.reporting.summary import unit
+from stages.reports.metrics import WHY_NULL
 from tests.project import copy_project, ran_stages, set_params, sh
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow, pytest.mark.integration]
@@ -45,9 +46,13 @@ def test_metrics_are_one_compact_file(repo):
     files = workspace["data"]
     assert list(files) == ["reports/metrics.json"]
     figures = files["reports/metrics.json"]["data"]
+    why = figures.pop(WHY_NULL)
     assert 10 <= len(figures) <= 14 and all(unit(k) for k in figures), figures
+    # every null figure says why; DVC leaves the null out, and shows the reason in its place
+    written = json.loads((repo / "reports" / "metrics.json").read_text())
+    assert {k for k, v in written.items() if v is None} == set(why) and not set(why) & set(figures)
     table = sh(["dvc", "metrics", "show"], repo).stdout.splitlines()
-    assert len(table[0].split()) <= 15, table[0]  # Path + one column per figure
+    assert len(table[0].split()) <= 15, table[0]  # Path + one column per figure or its reason
     assert "benchmark_tau_t0_tokens_per_step" in table[0]
     assert (repo / "reports" / "index.html").stat().st_size > 10_000
     assert (repo / "models" / "card" / "README.md").read_text().startswith("---\n")
@@ -60,7 +65,7 @@ def test_a_benchmark_change_reruns_benchmark_and_report_and_diffs_named_figures(
     diff = json.loads(sh(["dvc", "metrics", "diff", "--all", "--json"], repo).stdout)
     figures = diff["reports/metrics.json"]
     assert {"benchmark_tau_t0_tokens_per_step", "train_tokens_per_s"} <= set(figures)
-    assert all(unit(k) for k in figures)
+    assert all(unit(k) for k in figures if not k.startswith(f"{WHY_NULL}."))
     assert figures["generated_samples"]["diff"] == 0
     text = sh(["dvc", "metrics", "diff", "--all"], repo).stdout
     assert "benchmark_tau_t0.7_tokens_per_step" in text and "reasoning_closed_min_share" in text

@@ -6,10 +6,12 @@ check that passes reruns nothing else."""
 from __future__ import annotations
 
 import hashlib
+import re
 
 import pytest
 import yaml
 
+from stages.params.train import TrainParams
 from tests.project import copy_project, ran_stages, set_params, sh
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow, pytest.mark.integration]
@@ -91,6 +93,24 @@ MISTAKES = [
     ("target.dtype float8", setter("target", "dtype", value="float8"), "target.dtype"),
     ("target.device gpu", setter("target", "device", value="gpu"), "target.device"),
     ("train.device tpu", setter("train", "device", value="tpu"), "train.device"),
+    # files and names a later stage found out about, naming a path instead of the key
+    ("target.path missing", setter("target", "path", value="models/nope"), "target.path"),
+    (
+        "dataset path missing",
+        setter("datasets.*", "prep", "path", value="data/nope.jsonl"),
+        "prep.path",
+    ),
+    ("format unknown", setter("datasets.*", "prep", "format", value="sharegtp"), "prep.format"),
+    (
+        "chat_template missing",
+        setter("target", "chat_template", value="templates/nope.jinja"),
+        "target.chat_template",
+    ),
+    (
+        "sglang_version banana",
+        setter("train", "sglang_version", value="banana"),
+        "train.sglang_version",
+    ),
 ]
 
 
@@ -155,3 +175,22 @@ def test_a_stage_that_fails_leaves_its_earlier_outputs(repo):
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out, out
     assert digest(repo, outputs) == before
+
+
+def test_a_number_dvc_reads_as_a_float_the_check_reads_as_one(repo):
+    """`3e-3` is a float by YAML 1.2, the rules DVC reads params.yaml by (`dvc exp run -S`
+    writes such values): the check and the stages read it so too, not as the string YAML 1.1
+    makes of it."""
+    repo, _ = repo
+    path = repo / "params.yaml"
+    text = path.read_text()
+    assert re.search(r"(?m)^  lr: \S+", text)
+    path.write_text(re.sub(r"(?m)^  lr: \S+", "  lr: 3e-3", text, count=1))
+    typed = sh(["dvc", "repro", "check"], repo, check=False)
+    sh(["git", "checkout", "-q", "params.yaml"], repo)
+    assert typed.returncode == 0, typed.stdout + typed.stderr
+    proc = sh(["dvc", "exp", "run", "-S", "train.lr=3e-3", "check"], repo, check=False)
+    lr = TrainParams.read(path).lr
+    sh(["git", "checkout", "-q", "params.yaml"], repo)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert lr == 0.003

@@ -11,10 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from stages import config, quality
+from stages import quality
 from stages.engines import Completion
 from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
+from stages.params.generate import GenerateParams
+from stages.params.target import TargetParams
 from stages.target.model import load_causal_lm
 from stages.target.tokenizer import pad_id, render_prompt
 from stages.wiring.target import target_roles, target_tokenizer
@@ -48,7 +50,7 @@ class LosesReasoning:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, demo_target):
     tmp = tmp_path_factory.mktemp("seeds")
-    target = config.TargetParams(path=str(demo_target))
+    target = TargetParams(path=str(demo_target))
     tok = target_tokenizer(target)
     roles = target_roles(target, tok)
     rows = []
@@ -89,7 +91,7 @@ def setup(tmp_path_factory, demo_target):
 def test_gate_stops_lost_reasoning(setup, lossy, monkeypatch, capsys):
     tmp, target, engine, roles, params = setup
     run = tmp / ("lossy" if lossy else "raw")
-    gen = config.GenerateParams(max_new_tokens=512, batch_size=4)
+    gen = GenerateParams(max_new_tokens=512, batch_size=4)
     used = LosesReasoning(engine, roles.end_think) if lossy else engine
     generate_dataset("chat", tmp / "chat.parquet", run / "raw" / "chat", gen, 10**6, target, used)
     reports = run / "reports"

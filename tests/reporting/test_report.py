@@ -3,9 +3,11 @@ metrics and the model card; and the library pieces under it (reply anatomy, char
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shlex
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -15,10 +17,22 @@ from stages.reporting import svg
 from stages.reporting.anatomy import decode_marked, split_reply
 from stages.reporting.card import speculators_command
 from stages.reporting.page import buckets
-from stages.reporting.summary import UNITS, run_metrics, tau_key, unit
+from stages.reporting.summary import UNITS, run_metrics, unit
+from stages.reports.metrics import WHY_NULL, tau_key
+from stages.reports.record import ReportError
 from stages.target.tokens import TokenRoles
 from tests.conftest import ROOT
-from tests.reportdata import DATASETS, ERROR, write_run
+from tests.reportdata import (
+    BENCHMARK,
+    DATASETS,
+    ERROR,
+    EXTRACT,
+    MERGE,
+    TRAIN,
+    VOCAB,
+    generate_report,
+    write_run,
+)
 
 DETAILED = (  # the stages' detailed reports: plain outputs, kept in git, not metrics
     "reports/prep/${key}.json",
@@ -91,6 +105,52 @@ def test_charts_are_inline_svg_with_marks():
     assert svg.nice_ticks(0, 0.87) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
 
 
+# The charts' font as the page sets it (svg.chart, 11px) and the width of a character in it: the
+# widest digits of common sans-serif fonts are about 0.6 em.
+CHART_CHAR_PX = 0.6 * 11
+
+
+def axis_labels(chart: str) -> list[tuple[float, str]]:
+    """The category labels under a chart's x axis: (centre x, text), left to right."""
+    found = re.findall(
+        r'<text class="tick" x="([\d.]+)" y="\d+" text-anchor="middle">([^<]*)<', chart
+    )
+    return sorted((float(x), html.unescape(text)) for x, text in found)
+
+
+def overlapping(labels: list[tuple[float, str]]) -> list[tuple[str, str]]:
+    """Neighbouring labels (centred on x) that would touch at CHART_CHAR_PX a character."""
+    return [
+        (a, b)
+        for (xa, a), (xb, b) in zip(labels, labels[1:])
+        if xb - xa < (len(a) + len(b)) / 2 * CHART_CHAR_PX + 2
+    ]
+
+
+def test_histogram_labels_are_thinned_until_none_overlaps():
+    """Ten buckets starting at five- and six-character numbers in a 340-pixel histogram: a label
+    every other bucket, from the first."""
+    starts = [svg.number(1000 + 1250 * k) for k in range(10)]  # "1,000" ... "12,250"
+    chart = svg.bars(
+        starts,
+        {"replies": list(range(10))},
+        title="t",
+        x_label="",
+        y_label="",
+        width=340,
+        scale=True,
+    )
+    labels = axis_labels(chart)
+    assert [t for _, t in labels] == starts[::2]
+    assert overlapping(labels) == []
+
+
+def test_named_categories_widen_the_chart_until_every_name_fits():
+    names = ["opencodeinstruct", "sharegpt_multiturn", "glaive_function_calling", "all"]
+    labels = axis_labels(svg.bars(names, {"x": [1, 2, 3, 4]}, title="t", x_label="", y_label=""))
+    assert [t for _, t in labels] == names and overlapping(labels) == []
+
+
 def test_histogram_gaps_are_zero_buckets():
     rows = [
         {"bucket": 0, "bucket_start": 10, "samples": 2},
@@ -106,8 +166,8 @@ def test_histogram_gaps_are_zero_buckets():
 
 def test_metrics_are_few_and_name_their_unit():
     m = run_metrics(
-        generate={"a": {"samples": 3, "tokens": 30}, "b": {"samples": 2, "tokens": 10}},
-        merge={"summary": {"train": {"supervised_tokens": 25}}},
+        generate={"a": generate_report("a", 3, 30), "b": generate_report("b", 2, 10)},
+        merge=MERGE,
         answers={
             "reasoning_presence": [
                 {"dataset": "a", "reasoning_closed_share": 0.9},
@@ -123,34 +183,33 @@ def test_metrics_are_few_and_name_their_unit():
             ],
         },
         expect={"a": (True, False), "b": (False, True)},
-        vocab={"coverage": 0.99},
-        extract={"tokens_per_s": 0.0},  # a resumed extraction that had nothing left
-        train={
-            "best_replayed_tau": 2.5,
-            "tokens_per_s": 900.0,
-            "padding_share": 0.04,
-            "target_forward_share": 0.6,
-        },
-        benchmark={"temperatures": {"0.0": {"tau": 2.6}, "0.7": {"tau": 2.1}}},
+        vocab=VOCAB,
+        extract=replace(EXTRACT, extracted_tokens=0, tokens_per_s=0.0),  # nothing left
+        train=replace(TRAIN, features="online hf", target_forward_share=0.6),
+        benchmark=BENCHMARK,
     )
-    assert m == {
+    assert m.figures() == {
         "generated_samples": 5,
         "generated_tokens": 40,
-        "train_supervised_tokens": 25,
+        "train_supervised_tokens": 801,
         "reasoning_closed_min_share": 0.9,  # b expects no reasoning
         "truncated_max_share": 0.1,
         "tool_call_min_share": 0.7,  # only b expects tool calls
         "vocab_coverage_share": 0.99,
-        "replayed_tau_best_tokens_per_step": 2.5,
-        "benchmark_tau_t0_tokens_per_step": 2.6,
-        "benchmark_tau_t0.7_tokens_per_step": 2.1,
+        "replayed_tau_best_tokens_per_step": 2.4,
+        "benchmark_tau_t0_tokens_per_step": 2.7,
+        "benchmark_tau_t0.7_tokens_per_step": 2.2,
         "extract_tokens_per_s": None,
-        "train_tokens_per_s": 900.0,
-        "train_padding_share": 0.04,
+        "train_tokens_per_s": 1000.0,
+        "train_padding_share": 0.05,
         "train_target_forward_share": 0.6,
     }
-    assert all(unit(k) for k in m) and len(m) <= 14
-    assert tau_key("1.0") == "benchmark_tau_t1_tokens_per_step"
+    assert m.why_null == {
+        "extract_tokens_per_s": "not measured: this run extracted nothing (every shard was on "
+        "disk already)"
+    }
+    assert all(unit(k) for k in m.figures()) and len(m.figures()) <= 14
+    assert tau_key(1.0) == "benchmark_tau_t1_tokens_per_step"
     assert set(UNITS) >= {"_share", "_tokens_per_s"}
 
 
@@ -174,12 +233,83 @@ def test_report_page(run):
     assert not re.search(r"""(?:src|href)=["']?https?:""", html)
 
 
+def test_no_chart_of_the_page_has_overlapping_labels(run):
+    charts = re.findall(r'<svg class="chart".*?</svg>', run["out"].read_text(), re.S)
+    assert len(charts) > 10
+    for chart in charts:
+        assert overlapping(axis_labels(chart)) == [], chart[:120]
+
+
+def test_tile_captions_wrap_between_words_only(run):
+    """A metrics key holds no space: its tile offers a line break after each underscore, and no
+    rule of the page lets a browser break a word anywhere else."""
+    page = run["out"].read_text()
+    assert "break-all" not in page
+    captions = re.findall(r'<div class="k">(.*?)<br>', page)
+    keys = list(json.loads(run["metrics"].read_text()))[:-1]  # the figures, why_null aside
+    assert [c.replace("<wbr>", "") for c in captions] == keys
+    for caption in captions:
+        assert all(piece.endswith("_") for piece in caption.split("<wbr>")[:-1]), caption
+        assert "<wbr>" not in caption.replace("_<wbr>", ""), caption
+
+
+def test_a_null_figure_shows_why_on_its_tile(run):
+    why = json.loads(run["metrics"].read_text())[WHY_NULL]["train_target_forward_share"]
+    tile = re.search(
+        r'forward_<wbr>share<br>[^<]*</div><div class="why">([^<]*)</div>', run["out"].read_text()
+    )
+    assert tile and html.unescape(tile.group(1)) == why
+
+
+def test_the_page_serves_the_drafter_as_the_model_card_does(run):
+    """Every command of the card's Serving section, the speculators conversion vLLM needs
+    among them, is on the page."""
+    page = html.unescape(run["out"].read_text().split('id="serving"')[1])
+    card = run["card"].read_text().split("## Serving")[1]
+    commands = re.findall(r"```bash\n(.*?)\n```", card, re.S)
+    lines = [line for c in commands for line in c.splitlines()]
+    assert len(lines) == 4 and any(line.startswith("speculators convert ") for line in lines)
+    for line in lines:
+        assert line in page
+    assert "vllm serve example-org/demo-target --speculative-config" in page
+    assert f"{run['drafter-dir']}-speculators" in page
+
+
 def test_metrics_file(run):
     m = json.loads(run["metrics"].read_text())
     assert m["generated_samples"] == 16 and m["truncated_max_share"] == 0.125
     assert m["benchmark_tau_t0.7_tokens_per_step"] == 2.2
     assert m["tool_call_min_share"] == 0.5  # 3 of the 6 tools replies that stopped call one
+    m.pop(WHY_NULL)  # the reasons beside the null figures (test_every_null_metric_says_why)
     assert all(unit(k) for k in m)
+
+
+def test_every_null_metric_says_why(run):
+    """As on the CPU demo, training read stored features: no target forward share, and the file
+    says so beside the null."""
+    m = json.loads(run["metrics"].read_text())
+    why = m.pop(WHY_NULL)
+    nulls = {k for k, v in m.items() if v is None}
+    assert nulls == set(why) == {"train_target_forward_share"}
+    assert all(reason.startswith("not measured: ") for reason in why.values())
+    assert "stored features" in why["train_target_forward_share"]
+
+
+def test_the_report_stage_refuses_a_report_with_a_renamed_key(tmp_path):
+    """A key the train stage renamed (or a train.json of an older version) stops the report
+    stage, naming the file and the key, before anything is written: no figure turns null."""
+    paths = write_run(tmp_path)
+    train = json.loads(paths["train-report"].read_text())
+    train["best_tau"] = train.pop("best_replayed_tau")
+    paths["train-report"].write_text(json.dumps(train))
+    expected = (
+        f'{paths["train-report"]}: key "best_replayed_tau" is missing (the file has "best_tau"'
+    )
+    with pytest.raises(ReportError, match=re.escape(expected)):
+        report.main(
+            **{k.replace("-", "_"): v for k, v in paths.items()}, params=tmp_path / "params.yaml"
+        )
+    assert not paths["metrics"].exists() and not paths["out"].exists()
 
 
 def test_model_card(run):
@@ -215,7 +345,9 @@ def test_speculators_command_parses_as_speculators_reads_it():
     }
 
 
-def test_dvc_yaml_declares_one_metrics_file_after_the_benchmark():
+def test_dvc_yaml_declares_the_run_metrics_file_and_the_live_training_one():
+    """reports/metrics.json, the run's figures, and train's DVCLive figures (what `dvc exp show`
+    shows of a run in progress); no other report is a metrics file."""
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     bodies = {name: spec.get("do", spec) for name, spec in stages.items()}
 
@@ -223,7 +355,8 @@ def test_dvc_yaml_declares_one_metrics_file_after_the_benchmark():
         return {next(iter(e)) if isinstance(e, dict) else e: e for e in entries}
 
     metrics = [m for body in bodies.values() for m in named(body.get("metrics", []))]
-    assert metrics == ["reports/metrics.json"]
+    assert metrics == ["dvclive/metrics.json", "reports/metrics.json"]
+    assert "dvclive/metrics.json" in named(bodies["train"]["metrics"])
     outs = {path: e for body in bodies.values() for path, e in named(body.get("outs", [])).items()}
     for path in DETAILED:
         assert outs[path] == {path: {"cache": False, "persist": True}}, path  # plain outputs

@@ -189,7 +189,36 @@ def train_args(tmp: Path, run: str) -> list:
         tmp / f"reports-{run}" / "train.json",
         "--plots",
         tmp / f"reports-{run}" / "plots",
+        "--live",
+        tmp / f"live-{run}",
     ]
+
+
+def live_curve(live: Path, name: str) -> list[tuple[int, float]]:
+    """(step, value) of one figure as DVCLive logged it (plots/metrics/<name>.tsv)."""
+    with (live / "plots" / "metrics" / f"{name}.tsv").open() as f:
+        return [
+            (int(r["step"]), float(r[name.split("/")[-1]]))
+            for r in csv.DictReader(f, delimiter="\t")
+        ]
+
+
+def test_the_live_log_is_the_reports_curves_as_they_are_trained(runs):
+    """DVCLive's figures (what `dvc exp show` and DVC Studio show of a running experiment) are
+    the train report's own: each logged step's loss, each evaluation's replayed tau; under
+    torchrun rank 0 alone writes them, and they are the one-process run's."""
+    tmp = runs["tmp"]
+    with (tmp / "reports-1" / "plots" / "train_loss.csv").open() as f:
+        losses = {int(r["step"]): float(r["loss"]) for r in csv.DictReader(f)}
+    with (tmp / "reports-1" / "plots" / "train_evals.csv").open() as f:
+        taus = [(int(r["step"]), float(r["replayed_tau"])) for r in csv.DictReader(f)]
+    logged = live_curve(tmp / "live-1", "train/loss")
+    assert logged and all(losses[step] == loss for step, loss in logged)
+    assert logged[-1][0] == max(losses)  # the last step is always logged
+    assert live_curve(tmp / "live-1", "eval/replayed_tau") == taus
+    summary = json.loads((tmp / "live-1" / "metrics.json").read_text())
+    assert summary["eval"]["replayed_tau"] == taus[-1][1]
+    assert live_curve(tmp / f"live-{WORLD}", "train/loss") == logged
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -24,8 +24,8 @@ import pytest
 import torch
 import yaml
 
-from stages import config
 from stages.artifacts.raw import parts, read_raw
+from stages.params.extract import ExtractParams
 from stages.runtime.files import checksum_path, checksum_problem, temp_path
 from stages.runtime.outputs import remove_stale_temps
 from tests.conftest import ROOT, STORIES_REL
@@ -143,6 +143,7 @@ KILLED_IN_A_SHARD_WRITE = """
 import os, signal, sys, torch
 from pathlib import Path
 from stages.runtime import files, tensor_file
+from stages.params.extract import ExtractParams
 
 class KilledMidway:  # the shard's file, as a kill -9 finds it: a header and some data written
     def __init__(self, out):
@@ -254,7 +255,7 @@ def test_extract_killed_then_rerun(work):
     pid = kill_in_write(
         "stages.extract", extract_args(work, "hidden-killed"), work, out / "shard-*.safetensors", k
     )
-    extract = config.section(config.ExtractParams, "extract", work / "params.yaml")
+    extract = ExtractParams.read(work / "params.yaml")
     assert_kill_left(out, "shard-*.safetensors", k - 1, pid, extract.writers)
     assert not (out / "index.parquet").exists()
     kept = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*.safetensors")}

@@ -18,12 +18,16 @@ import yaml
 
 from stages import benchmark
 from stages.cli import StageError
-from stages.config import BenchmarkParams, BenchmarkSGLangParams, SGLangLaunchParams, TargetParams
 from stages.drafter.export import export_drafter, load_drafter
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.engines import Completion, Sampling
 from stages.engines.hf import HFEngine
 from stages.engines.sglang import Reply, SGLangError
+from stages.params.benchmark import BenchmarkParams, BenchmarkSGLangParams
+from stages.params.server import SGLangLaunchParams
+from stages.params.target import TargetParams
+from stages.reports.benchmark import GREEDY
+from stages.reports.record import encode
 from stages.serving.bench import (
     ServerRun,
     acceptance,
@@ -223,7 +227,7 @@ def in_process(model, drafter_dir, prompts, target, tokenizer) -> dict:
     drafter, _ = load_drafter(drafter_dir)
     b = BenchmarkParams(num_steps=NUM_STEPS, temperatures=[0.0], max_new_tokens=MAX_NEW_TOKENS)
     stop_ids = target_roles(target, tokenizer).stop_ids
-    return benchmark.benchmark(model, drafter.eval(), prompts, b, stop_ids)["temperatures"]["0.0"]
+    return encode(benchmark.benchmark(model, drafter.eval(), prompts, b, stop_ids)[GREEDY])
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from stages.config import SGLangServerArgs
+from stages.params.server import SGLangServerArgs
 from stages.serving.launch import (
     ServerError,
     SGLangServer,

@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from stages import config
 from stages.capture import served as served_hidden
 from stages.engines import Sampling
 from stages.engines.sglang import request_body
+from stages.params.server import SGLangLaunchParams, SGLangServerArgs
+from stages.params.target import TargetParams
 from stages.serving import bench as sglang_bench
+from stages.serving import launch as sglang_launch
 from stages.wiring.engines import server_command
 from tests.conftest import ROOT
 
@@ -117,20 +119,20 @@ def test_routes_called(release):
     assert not missing, f"SGLang {release.version} serves no {missing}"
 
 
-def every_server_arg_set() -> config.SGLangLaunchParams:
+def every_server_arg_set() -> SGLangLaunchParams:
     """Launch params with every typed server argument set to a value that emits its flag."""
     values = {
         f.name: (True if f.type in ("bool", bool) else 1)
-        for f in dataclasses.fields(config.SGLangServerArgs)
+        for f in dataclasses.fields(SGLangServerArgs)
     }
-    return config.SGLangLaunchParams(server_args=config.SGLangServerArgs(**values))
+    return SGLangLaunchParams(server_args=SGLangServerArgs(**values))
 
 
 def test_launch_flags(release):
-    target = config.TargetParams(path="/models/target", trust_remote_code=True)
+    target = TargetParams(path="/models/target", trust_remote_code=True)
     passed = [a for a in server_command(every_server_arg_set(), target) if a.startswith("--")]
-    passed += [a for a in sglang_bench.speculative_args("D", 3) if a.startswith("--")]
-    assert len(passed) >= len(dataclasses.fields(config.SGLangServerArgs)) + 6
+    passed += [a for a in sglang_launch.speculative_args("D", 3) if a.startswith("--")]
+    assert len(passed) >= len(dataclasses.fields(SGLangServerArgs)) + 6
     unknown = set(passed) - served.launch_flags(release)
     assert not unknown, f"launch_server {release.version} has no flag(s) {sorted(unknown)}"
     unknown = set(sglang_bench.SPECULATIVE_FIELDS) - served.server_args_fields(release)

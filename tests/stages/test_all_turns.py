@@ -11,13 +11,16 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from stages import config
 from stages.artifacts.hidden import span_mask
 from stages.artifacts.raw import read_raw
 from stages.cli import StageError
 from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
 from stages.merge import merge
+from stages.params.datasets import ExpectParams, PrepParams
+from stages.params.generate import GenerateParams, SGLangParams
+from stages.params.merge import MergeParams
+from stages.params.target import TargetParams
 from stages.prep import prepare
 from stages.sources import read_conversations, turn_bounds
 from stages.target.model import load_causal_lm
@@ -60,11 +63,9 @@ CONVERSATIONS = [
         ],
     },
 ]
-TARGET = config.TargetParams(path=str(DEMO_TARGET), device="cpu", dtype="float32")
-GEN = config.GenerateParams(max_new_tokens=40, batch_size=4, append_every=1)
-ALL_TURNS = config.PrepParams(
-    format="sharegpt", path="", max_prompt_tokens=1024, regenerate="all_turns"
-)
+TARGET = TargetParams(path=str(DEMO_TARGET), device="cpu", dtype="float32")
+GEN = GenerateParams(max_new_tokens=40, batch_size=4, append_every=1)
+ALL_TURNS = PrepParams(format="sharegpt", path="", max_prompt_tokens=1024, regenerate="all_turns")
 MAX_LENGTH = 4096
 
 
@@ -89,7 +90,7 @@ def prompts(tmp_path_factory):
     (tmp / "chat.json").write_text(json.dumps(CONVERSATIONS))
     prep = dataclasses.replace(ALL_TURNS, path=str(tmp / "chat.json"))
     counts = prepare(
-        "chat", prep, config.ExpectParams(), TARGET, tmp / "chat.parquet", tmp / "chat.json.report"
+        "chat", prep, ExpectParams(), TARGET, tmp / "chat.parquet", tmp / "chat.json.report"
     )
     return tmp / "chat.parquet", counts
 
@@ -137,7 +138,7 @@ def test_each_turn_continues_the_ids_of_the_turn_before(reference, prompts, eot)
     out, sent, metrics = reference
     deltas = {r["sample_id"]: r["turn_deltas"] for r in pq.read_table(prompts[0]).to_pylist()}
     turns = turns_of(out)
-    assert metrics["samples"] == 4 and metrics["turns"] == metrics["new_turns"] == 8
+    assert metrics.samples == 4 and metrics.turns == metrics.new_turns == 8
     assert {sid: len(t) for sid, t in turns.items()} == {
         "chat/three": 3,
         "chat/two": 2,
@@ -161,7 +162,7 @@ def test_merge_gives_one_sequence_with_exactly_the_target_turns_supervised(
     reference, tok, tmp_path
 ):
     out, sent, _ = reference
-    report = merge([out], tmp_path, config.MergeParams(eval_fraction=0.0, max_length=MAX_LENGTH))
+    report = merge([out], tmp_path, MergeParams(eval_fraction=0.0, max_length=MAX_LENGTH))
     merged = {r["sample_id"]: r for r in pq.read_table(tmp_path / "train.parquet").to_pylist()}
     outputs = collections.Counter()
     for sid, rows in turns_of(out).items():
@@ -178,9 +179,9 @@ def test_merge_gives_one_sequence_with_exactly_the_target_turns_supervised(
             (r["output_ids"] for r in rows), []
         )
         outputs.update(t for r in rows for t in r["output_ids"])
-    summary = report["summary"]["train"]
-    assert (summary["samples"], summary["turns"]) == (4, 8)
-    assert summary["supervised_tokens"] == sum(outputs.values())
+    summary = report.summary.train
+    assert (summary.samples, summary.turns) == (4, 8)
+    assert summary.supervised_tokens == sum(outputs.values())
     counts = supervised_counts(tmp_path / "train.parquet", vocab_size=len(tok))
     assert {t: n for t, n in enumerate(counts.tolist()) if n} == dict(outputs)
 
@@ -194,7 +195,7 @@ def test_the_sglang_engine_is_sent_the_same_turns(reference, prompts, hf_engine,
         gen = dataclasses.replace(
             GEN,
             engine="sglang",
-            sglang=config.SGLangParams(
+            sglang=SGLangParams(
                 urls=[server.url], concurrency=2, backoff_s=0.001, backoff_max_s=0.01
             ),
         )
@@ -219,7 +220,7 @@ def test_a_kill_mid_conversation_loses_and_duplicates_nothing(
     assert any(0 < len(rows) < planned[sid] for sid, rows in kept.items())  # halfway
     engine = Recording(hf_engine)
     resumed = generate_dataset("chat", prompts[0], out, GEN, 10**6, TARGET, engine)
-    assert resumed["new_turns"] == len(engine.sent) == 8 - 5 and resumed["turns"] == 8
+    assert resumed.new_turns == len(engine.sent) == 8 - 5 and resumed.turns == 8
     assert same(turns_of(out)) == same(turns_of(reference[0]))
 
 
@@ -230,10 +231,10 @@ def test_the_budget_counts_every_turn_and_a_raised_one_finishes_the_conversation
     out = tmp_path / "chat"
     first = generate_dataset("chat", prompts[0], out, GEN, 60, TARGET, hf_engine)
     stored = [r for rows in turns_of(out).values() for r in rows]
-    assert first["budget_reached"] and len(stored) == first["turns"] < 8
-    assert first["tokens"] == sum(r["completion_tokens"] for r in stored)
+    assert first.budget_reached and len(stored) == first.turns < 8
+    assert first.tokens == sum(r["completion_tokens"] for r in stored)
     raised = generate_dataset("chat", prompts[0], out, GEN, 10**6, TARGET, hf_engine)
-    assert raised["new_turns"] == 8 - first["turns"]
+    assert raised.new_turns == 8 - first.turns
     assert same(turns_of(out)) == same(turns_of(reference[0]))
 
 
@@ -245,19 +246,19 @@ def test_a_turn_over_the_prompt_limit_ends_the_conversation(
     fitting = {sid: rows[:1] for sid, rows in full.items() if rows[0]["prompt_len"] <= limit}
     src = prompts[0].with_suffix(".json")
     prep = dataclasses.replace(ALL_TURNS, path=str(src), max_prompt_tokens=limit)
-    prepare("chat", prep, config.ExpectParams(), TARGET, tmp_path / "p.parquet", tmp_path / "r")
+    prepare("chat", prep, ExpectParams(), TARGET, tmp_path / "p.parquet", tmp_path / "r")
     metrics = generate_dataset(
         "chat", tmp_path / "p.parquet", tmp_path / "chat", GEN, 10**6, TARGET, hf_engine
     )
     assert same(turns_of(tmp_path / "chat")) == fitting
-    assert metrics["stopped_at_prompt_limit"] == sum(len(full[sid]) > 1 for sid in fitting) >= 2
+    assert metrics.stopped_at_prompt_limit == sum(len(full[sid]) > 1 for sid in fitting) >= 2
 
 
 def test_a_conversation_over_max_length_ends_at_its_last_turn_that_fits(reference, tmp_path):
     out, _, _ = reference
     three = turns_of(out)["chat/three"]
     fits = len(three[1]["prompt_ids"]) + len(three[1]["output_ids"])
-    report = merge([out], tmp_path, config.MergeParams(eval_fraction=0.0, max_length=fits))
+    report = merge([out], tmp_path, MergeParams(eval_fraction=0.0, max_length=fits))
     row = next(
         r
         for r in pq.read_table(tmp_path / "train.parquet").to_pylist()
@@ -265,7 +266,7 @@ def test_a_conversation_over_max_length_ends_at_its_last_turn_that_fits(referenc
     )
     assert row["input_ids"] == three[1]["prompt_ids"] + three[1]["output_ids"]
     assert len(row["loss_spans"]) == 2 and not row["truncated"]
-    assert report["summary"]["train"]["shortened"] >= 1
+    assert report.summary.train.shortened >= 1
 
 
 def test_mixed_runs_fail_the_merge(reference, tmp_path):
@@ -279,7 +280,7 @@ def test_mixed_runs_fail_the_merge(reference, tmp_path):
     ]
     write_raw(tmp_path / "raw", broken)
     with pytest.raises(StageError, match=r"chat/two turn 1"):
-        merge([tmp_path / "raw"], tmp_path / "m", config.MergeParams(eval_fraction=0.0))
+        merge([tmp_path / "raw"], tmp_path / "m", MergeParams(eval_fraction=0.0))
 
 
 @pytest.mark.slow
@@ -292,7 +293,7 @@ def test_mt_bench_regenerates_both_questions(tmp_path, hf_engine, tok, eot):
     }
     runs, reports = {}, {}
     for mode in ("last_turn", "all_turns"):  # into one directory: the mode is in the fingerprint
-        prep = config.PrepParams(
+        prep = PrepParams(
             format="mt_bench",
             path=str(source),
             max_samples=3,
@@ -302,7 +303,7 @@ def test_mt_bench_regenerates_both_questions(tmp_path, hf_engine, tok, eot):
         prepare(
             "mt",
             prep,
-            config.ExpectParams(),
+            ExpectParams(),
             TARGET,
             tmp_path / f"{mode}.parquet",
             tmp_path / f"{mode}.json",
@@ -312,7 +313,7 @@ def test_mt_bench_regenerates_both_questions(tmp_path, hf_engine, tok, eot):
         )
         runs[mode] = turns_of(tmp_path / "mt")
     assert runs["last_turn"].keys() == runs["all_turns"].keys() and len(runs["last_turn"]) == 3
-    assert reports["all_turns"]["new_turns"] == reports["all_turns"]["turns"] == 6
+    assert reports["all_turns"].new_turns == reports["all_turns"].turns == 6
     for sid, (single,) in runs["last_turn"].items():
         first, second = runs["all_turns"][sid]
         q1, q2 = questions[sid.split("/")[1]]
@@ -339,7 +340,7 @@ def test_prep_refuses_a_template_that_rewrites_earlier_turns(prompts, tmp_path):
     target = dataclasses.replace(TARGET, chat_template=str(tmp_path / "t.jinja"))
     prep = dataclasses.replace(ALL_TURNS, path=str(prompts[0].with_suffix(".json")))
     with pytest.raises(StageError) as err:
-        prepare("chat", prep, config.ExpectParams(), target, tmp_path / "p", tmp_path / "r")
+        prepare("chat", prep, ExpectParams(), target, tmp_path / "p", tmp_path / "r")
     for needle in (
         "dataset chat: regenerate: all_turns",
         str(tmp_path / "t.jinja"),
@@ -351,8 +352,5 @@ def test_prep_refuses_a_template_that_rewrites_earlier_turns(prompts, tmp_path):
         assert needle in str(err.value)
     last = dataclasses.replace(prep, regenerate="last_turn")
     assert (
-        prepare("chat", last, config.ExpectParams(), target, tmp_path / "p", tmp_path / "r")[
-            "turns"
-        ]
-        == 4
+        prepare("chat", last, ExpectParams(), target, tmp_path / "p", tmp_path / "r")["turns"] == 4
     )

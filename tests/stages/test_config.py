@@ -1,6 +1,13 @@
 import pytest
 
-from stages import config
+from stages.params.datasets import read_dataset, read_datasets
+from stages.params.generate import GenerateParams
+from stages.params.merge import MergeParams
+from stages.params.quality import QualityParams
+from stages.params.schema import load_params
+from stages.params.target import TargetParams
+from stages.params.train import TrainParams
+from stages.runtime.errors import ParamsError
 
 
 def write(tmp_path, text):
@@ -11,7 +18,7 @@ def write(tmp_path, text):
 
 def test_section_builds_typed_values_and_defaults(tmp_path):
     p = write(tmp_path, "merge: {seed: 3, eval_fraction: 1}\n")
-    m = config.section(config.MergeParams, "merge", p)
+    m = MergeParams.read(p)
     assert (m.seed, m.eval_fraction, m.max_length) == (3, 1.0, 4096)
     assert isinstance(m.eval_fraction, float)
 
@@ -28,9 +35,9 @@ def test_section_builds_typed_values_and_defaults(tmp_path):
 )
 def test_bad_values_name_the_key(tmp_path, text, needle):
     p = write(tmp_path, text)
-    cls = config.GenerateParams if "generate" in text else config.MergeParams
-    with pytest.raises(config.ParamsError, match=None) as err:
-        config.section(cls, text.split(":")[0], p)
+    cls = GenerateParams if "generate" in text else MergeParams
+    with pytest.raises(ParamsError, match=None) as err:
+        cls.read(p)
     assert needle in str(err.value)
     assert str(p) in str(err.value)
 
@@ -41,42 +48,57 @@ def test_datasets_nested_validation(tmp_path):
         "datasets:\n  a:\n    prep: {format: sharegpt, path: x.json}\n"
         "    generate: {budget_tokens: 10}\n  b:\n    prep: {format: sharegpt}\n",
     )
-    with pytest.raises(config.ParamsError) as err:
-        config.datasets(p)
+    with pytest.raises(ParamsError) as err:
+        read_datasets(p)
     assert "datasets.b.prep.path: required key is missing" in str(err.value)
     p = write(
         tmp_path,
         "datasets:\n  a:\n    prep: {format: sharegpt, path: x.json}\n"
         "    generate: {budget_tokens: 10}\n",
     )
-    a = config.dataset("a", p)
+    a = read_dataset("a", p)
     assert a.generate.budget_tokens == 10 and a.expect.reasoning and not a.expect.tool_calls
-    with pytest.raises(config.ParamsError, match=r"datasets.c: no such dataset; defined: \['a'\]"):
-        config.dataset("c", p)
+    with pytest.raises(ParamsError, match=r"datasets.c: no such dataset; defined: \['a'\]"):
+        read_dataset("c", p)
     assert a.prep.regenerate == "last_turn"
     p = write(
         tmp_path,
         "datasets:\n  a:\n    prep: {format: sharegpt, path: x.json, regenerate: every_turn}\n",
     )
     with pytest.raises(
-        config.ParamsError,
+        ParamsError,
         match=r"datasets.a.prep.regenerate: 'every_turn' is "
         r"not one of \['last_turn', 'all_turns', 'all_turns_rendered'\]",
     ):
-        config.datasets(p)
+        read_datasets(p)
 
 
 def test_missing_params_file(tmp_path):
-    with pytest.raises(config.ParamsError, match="not found"):
-        config.section(config.MergeParams, "merge", tmp_path / "nope.yaml")
+    with pytest.raises(ParamsError, match="not found"):
+        MergeParams.read(tmp_path / "nope.yaml")
 
 
 def test_project_params_file_is_valid():
-    for cls, name in [
-        (config.TargetParams, "target"),
-        (config.GenerateParams, "generate"),
-        (config.MergeParams, "merge"),
-        (config.QualityParams, "quality"),
-    ]:
-        config.section(cls, name)
-    assert len(config.datasets()) >= 4
+    for cls in (TargetParams, GenerateParams, MergeParams, QualityParams):
+        cls.read()
+    assert len(read_datasets()) >= 4
+
+
+def test_params_are_read_by_yaml_1_2_as_dvc_reads_them(tmp_path):
+    """`3e-3` is a float and `yes` a string, as DVC's reader has them."""
+    p = write(tmp_path, "train: {lr: 3e-3}\ntarget: {path: yes}\n")
+    assert load_params(p) == {"train": {"lr": 0.003}, "target": {"path": "yes"}}
+    assert TrainParams.read(p).lr == 0.003
+
+
+def test_a_key_written_twice_is_refused_naming_the_line(tmp_path):
+    p = write(tmp_path, "merge:\n  seed: 1\n  seed: 2\n")
+    with pytest.raises(ParamsError, match=r"not valid YAML at line 3"):
+        load_params(p)
+
+
+def test_an_edited_file_is_read_again(tmp_path):
+    p = write(tmp_path, "merge: {seed: 1}\n")
+    assert MergeParams.read(p).seed == 1
+    p.write_text("merge: {seed: 2}\n")
+    assert MergeParams.read(p).seed == 2

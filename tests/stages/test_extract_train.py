@@ -11,7 +11,6 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from stages import config
 from stages.artifacts.hidden import HiddenStates
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import (
@@ -24,13 +23,16 @@ from stages.drafter.training import (
 )
 from stages.drafter.vocab import build_draft_vocab
 from stages.extract import extract
+from stages.params.extract import ExtractParams
+from stages.params.target import TargetParams
+from stages.params.train import TrainParams
 from stages.target.model import load_causal_lm
 from stages.target.weights import embedding_and_head
 from tests.conftest import STORIES, STORIES_REL
 
 pytestmark = pytest.mark.shared(STORIES_REL)
 
-TARGET = config.TargetParams(path=str(STORIES))
+TARGET = TargetParams(path=str(STORIES))
 LAYERS = [1, 2, 3]
 
 
@@ -63,9 +65,7 @@ def merged(tmp_path, n_train=10, n_eval=3):
 def hidden(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("x")
     m = merged(tmp)
-    params = config.ExtractParams(
-        layers=LAYERS, shard_tokens=120, batch_tokens=200, dtype="float32"
-    )
+    params = ExtractParams(layers=LAYERS, shard_tokens=120, batch_tokens=200, dtype="float32")
     extract(m, tmp / "hidden", params, TARGET)
     return m, tmp / "hidden", params
 
@@ -258,8 +258,8 @@ def test_compile_auto_compiles_the_steps_on_a_gpu_and_not_on_the_cpu():
     from stages.drafter.training import compiles
     from tests.conftest import ROOT
 
-    default = config.section(config.TrainParams, "train", ROOT / "params.yaml")
-    assert default.compile == "auto" == config.TrainParams.__dataclass_fields__["compile"].default
+    default = TrainParams.read(ROOT / "params.yaml")
+    assert default.compile == "auto" == TrainParams.__dataclass_fields__["compile"].default
     off = dataclasses.replace(default, compile=False)
     on = {
         (value, device): compiles(train_stage.settings(p, 10).compile, torch.device(device))

@@ -4,20 +4,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from stages import config, generate
+from stages import generate
 from stages.artifacts.raw import part_facts, parts, read_raw
 from stages.engines import EngineError, Sampling
 from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
+from stages.params.generate import GenerateParams, SGLangParams
+from stages.params.server import SGLangLaunchParams
+from stages.params.target import TargetParams
 from stages.target.model import load_causal_lm
 from stages.wiring.generation import served_facts
 from tests.conftest import STORIES, STORIES_REL
 
 pytestmark = pytest.mark.shared(STORIES_REL)
 
-TARGET = config.TargetParams(
-    path=str(STORIES), chat_template="tests/fixtures/stories_chat_template.jinja"
-)
+TARGET = TargetParams(path=str(STORIES), chat_template="tests/fixtures/stories_chat_template.jinja")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ class Crashing:
 
 
 def gen_params(**kw):
-    return config.GenerateParams(max_new_tokens=12, append_every=2, batch_size=2, **kw)
+    return GenerateParams(max_new_tokens=12, append_every=2, batch_size=2, **kw)
 
 
 def outputs(directory):
@@ -70,13 +71,13 @@ def outputs(directory):
 @pytest.mark.slow
 def test_crash_then_resume_loses_and_duplicates_nothing(tmp_path, prompts, engine):
     ref = generate_dataset("d", prompts, tmp_path / "ref", gen_params(), 10**6, TARGET, engine)
-    assert ref["samples"] == 8 and ref["new_samples"] == 8
+    assert ref.samples == 8 and ref.new_samples == 8
     out = tmp_path / "raw"
     with pytest.raises(KeyboardInterrupt):
         generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, Crashing(engine, 5))
     assert len(read_raw(out)) == 4  # two appends of 2 landed; the fifth was in flight
     resumed = generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
-    assert resumed["new_samples"] == 4 and resumed["samples"] == 8
+    assert resumed.new_samples == 4 and resumed.samples == 8
     assert outputs(out) == outputs(tmp_path / "ref")  # greedy: the same tokens
     table = read_raw(out)
     assert len(set(table.column("sample_id").to_pylist())) == table.num_rows == 8
@@ -86,10 +87,10 @@ def test_crash_then_resume_loses_and_duplicates_nothing(tmp_path, prompts, engin
 def test_budget_stops_scheduling_and_resumes_when_raised(tmp_path, prompts, engine):
     out = tmp_path / "raw"
     first = generate_dataset("d", prompts, out, gen_params(), 30, TARGET, engine)
-    assert first["budget_reached"] and first["samples"] == 4  # 2 batches of 2 x 12 tokens
-    assert first["budget_overshoot_tokens"] == 48 - 30
+    assert first.budget_reached and first.samples == 4  # 2 batches of 2 x 12 tokens
+    assert first.budget_overshoot_tokens == 48 - 30
     second = generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
-    assert second["new_samples"] == 4 and second["samples"] == 8
+    assert second.new_samples == 4 and second.samples == 8
 
 
 @pytest.mark.slow
@@ -97,10 +98,10 @@ def test_changed_sampling_regenerates(tmp_path, prompts, engine):
     out = tmp_path / "raw"
     generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
     again = generate_dataset("d", prompts, out, gen_params(), 10**6, TARGET, engine)
-    assert again["new_samples"] == 0
+    assert again.new_samples == 0
     hot = generate_dataset("d", prompts, out, gen_params(temperature=0.8), 10**6, TARGET, engine)
-    assert hot["new_samples"] == 8
-    assert set(read_raw(out).column("fingerprint").to_pylist()) == {hot["fingerprint"]}
+    assert hot.new_samples == 8
+    assert set(read_raw(out).column("fingerprint").to_pylist()) == {hot.fingerprint}
 
 
 def part_bytes(directory):
@@ -135,12 +136,10 @@ def test_a_changed_fingerprint_keeps_the_earlier_data_until_the_first_append(
     with pytest.raises(KeyboardInterrupt):
         generate_dataset("d", prompts, out, hot, 10**6, TARGET, Crashing(engine, 3))
     kept = read_raw(out)
-    assert (
-        kept.num_rows == 2 and earlier["fingerprint"] not in kept.column("fingerprint").to_pylist()
-    )
+    assert kept.num_rows == 2 and earlier.fingerprint not in kept.column("fingerprint").to_pylist()
     done = generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
-    assert done["samples"] == 8 and done["new_samples"] == 6
-    assert set(read_raw(out).column("fingerprint").to_pylist()) == {done["fingerprint"]}
+    assert done.samples == 8 and done.new_samples == 6
+    assert set(read_raw(out).column("fingerprint").to_pylist()) == {done.fingerprint}
 
 
 @pytest.mark.slow
@@ -162,8 +161,8 @@ def test_a_kill_between_the_first_append_and_the_removal_loses_nothing(
             generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
     assert len({fp for f in parts(out) for fp in part_facts(f)}) == 2  # both there
     done = generate_dataset("d", prompts, out, hot, 10**6, TARGET, engine)
-    assert done["samples"] == 8 and done["new_samples"] == 6
-    assert set(read_raw(out).column("fingerprint").to_pylist()) == {done["fingerprint"]}
+    assert done.samples == 8 and done.new_samples == 6
+    assert set(read_raw(out).column("fingerprint").to_pylist()) == {done.fingerprint}
 
 
 class Served:
@@ -185,8 +184,8 @@ class Served:
 DTYPES_SENT = ("auto", "half", "float", "bfloat16", None)
 
 
-def bf16(target: config.TargetParams) -> config.TargetParams:
-    return config.TargetParams(**{**target.__dict__, "dtype": "bfloat16"})
+def bf16(target: TargetParams) -> TargetParams:
+    return TargetParams(**{**target.__dict__, "dtype": "bfloat16"})
 
 
 @pytest.mark.slow
@@ -202,14 +201,14 @@ def test_a_dtype_the_server_never_reads_keeps_its_generation(
     with monkeypatch.context() as m:
         m.setattr(generate, "make_engine", lambda *_: pytest.fail("an engine was built"))
         again = generate_dataset("d", prompts, out, served, 10**6, bf16(TARGET))
-    assert again["new_samples"] == 0 and again["fingerprint"] == first["fingerprint"]
+    assert again.new_samples == 0 and again.fingerprint == first.fingerprint
     assert part_bytes(out) == before
 
     hf_out = tmp_path / "raw-hf"
     generate_dataset("d", prompts, hf_out, gen_params(), 10**6, TARGET, engine)
     capsys.readouterr()
     redone = generate_dataset("d", prompts, hf_out, gen_params(), 10**6, bf16(TARGET), engine)
-    assert redone["new_samples"] == 8
+    assert redone.new_samples == 8
     assert "generated otherwise: dtype 'float32' -> 'bfloat16' (target.dtype under the hf" in (
         capsys.readouterr().out
     )
@@ -224,7 +223,7 @@ def test_a_server_launched_otherwise_starts_over_once_it_answers(
     append; a completed run leaves only its own."""
     served, out = gen_params(engine="sglang"), tmp_path / "raw"
     first = generate_dataset("d", prompts, out, served, 30, TARGET, Served(engine, "float32"))
-    assert first["samples"] == 4
+    assert first.samples == 4
     before = part_bytes(out)
     monkeypatch.setattr(generate, "make_engine", lambda *_: Served(Failing(), "bfloat16"))
     with pytest.raises(EngineError, match="connection refused"):
@@ -234,11 +233,9 @@ def test_a_server_launched_otherwise_starts_over_once_it_answers(
     assert "is kept as it was" in said and part_bytes(out) == before
     monkeypatch.setattr(generate, "make_engine", lambda *_: Served(engine, "bfloat16"))
     done = generate_dataset("d", prompts, out, served, 10**6, TARGET)
-    assert (
-        done["new_samples"] == done["samples"] == 8 and done["fingerprint"] != first["fingerprint"]
-    )
+    assert done.new_samples == done.samples == 8 and done.fingerprint != first.fingerprint
     table = read_raw(out)
-    assert set(table.column("fingerprint").to_pylist()) == {done["fingerprint"]}
+    assert set(table.column("fingerprint").to_pylist()) == {done.fingerprint}
     assert {json.loads(g)["dtype"] for g in table.column("generated_by").to_pylist()} == {
         "bfloat16"
     }
@@ -275,7 +272,7 @@ def test_nothing_left_to_generate_starts_no_engine(tmp_path, prompts, engine, mo
     out = tmp_path / "raw"
     sglang = gen_params(
         engine="sglang",
-        sglang=config.SGLangParams(launch=config.SGLangLaunchParams(module="sglang.launch_server")),
+        sglang=SGLangParams(launch=SGLangLaunchParams(module="sglang.launch_server")),
     )
     generate_dataset("d", prompts, out, sglang, budget, TARGET, engine)  # its ids, as served
 
@@ -284,7 +281,7 @@ def test_nothing_left_to_generate_starts_no_engine(tmp_path, prompts, engine, mo
 
     monkeypatch.setattr(generate, "make_engine", no_engine)
     again = generate_dataset("d", prompts, out, sglang, budget, TARGET)
-    assert again["new_samples"] == 0 and again["engine"] == "sglang"
+    assert again.new_samples == 0 and again.engine == "sglang"
     if budget == 30:  # samples are left: a raised budget does build one (the patch is live)
         with pytest.raises(AssertionError, match="an engine was built"):
             generate_dataset("d", prompts, out, sglang, 10**6, TARGET)

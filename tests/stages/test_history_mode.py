@@ -18,11 +18,14 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from stages import config
 from stages.cli import StageError
 from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
 from stages.merge import merge
+from stages.params.datasets import ExpectParams, PrepParams
+from stages.params.generate import GenerateParams
+from stages.params.merge import MergeParams
+from stages.params.target import TargetParams
 from stages.prep import prepare
 from stages.sources import read_conversations, turn_bounds
 from stages.target.history import conversation, reply_message
@@ -35,15 +38,15 @@ from tests.rawdata import raw_row, write_raw
 from tests.stages.conftest import WEATHER, WEATHER_CALL, Recording, same, turns_of
 
 KIMI_TEMPLATE = ROOT / "tests" / "fixtures" / "kimi_k25_style.jinja"
-KIMI = config.TargetParams(
+KIMI = TargetParams(
     path=str(DEMO_TARGET), chat_template=str(KIMI_TEMPLATE), device="cpu", dtype="float32"
 )
 DEMO = dataclasses.replace(KIMI, chat_template=None)
 PRESERVE = dataclasses.replace(KIMI, template_kwargs={"preserve_thinking": True})
-RENDERED = config.PrepParams(
+RENDERED = PrepParams(
     format="sharegpt", path="", max_prompt_tokens=2048, regenerate="all_turns_rendered"
 )
-GEN = config.GenerateParams(max_new_tokens=64, batch_size=4, append_every=1)
+GEN = GenerateParams(max_new_tokens=64, batch_size=4, append_every=1)
 CONVERSATIONS = [
     {
         "id": "three",
@@ -94,7 +97,7 @@ def source(tmp_path_factory):
 def prep_to(tmp, source, target, mode="all_turns_rendered", expect=True):
     prep = dataclasses.replace(RENDERED, path=str(source), regenerate=mode)
     out = tmp / f"{mode}.parquet"
-    prepare("r", prep, config.ExpectParams(reasoning=expect), target, out, tmp / "report.json")
+    prepare("r", prep, ExpectParams(reasoning=expect), target, out, tmp / "report.json")
     return out
 
 
@@ -212,7 +215,7 @@ def test_each_later_prompt_is_the_template_rendering_of_the_conversation(
 ):
     prompts, out, sent, metrics = generated[run]
     kwargs = {"preserve_thinking": True} if run == "preserve" else {}
-    assert metrics["turns"] == metrics["new_turns"] == sum(TURNS.values())
+    assert metrics.turns == metrics.new_turns == sum(TURNS.values())
     convs, turns = sources(source), turns_of(out)
     assert {sid: len(rows) for sid, rows in turns.items()} == TURNS
     closed_reasoning = 0
@@ -269,7 +272,7 @@ def test_the_reasoning_rule_changes_only_the_history(generated):
 
 def test_merge_gives_one_sequence_per_turn(generated, tmp_path):
     _, out, sent, _ = generated["default"]
-    report = merge([out], tmp_path, config.MergeParams(eval_fraction=0.0, max_length=4096))
+    report = merge([out], tmp_path, MergeParams(eval_fraction=0.0, max_length=4096))
     merged = {r["sample_id"]: r for r in pq.read_table(tmp_path / "train.parquet").to_pylist()}
     assert set(merged) == {f"{sid}#{k}" for sid, n in TURNS.items() for k in range(1, n + 1)}
     supervised = 0
@@ -281,9 +284,9 @@ def test_merge_gives_one_sequence_per_turn(generated, tmp_path):
             assert row["loss_spans"] == [[len(prompt), len(prompt) + len(output)]]
             assert row["dataset"] == "r" and not row["truncated"]
             supervised += len(output)
-    summary = report["summary"]["train"]
-    assert (summary["samples"], summary["conversations"], summary["turns"]) == (6, 3, 6)
-    assert summary["supervised_tokens"] == supervised and summary["shortened"] == 0
+    summary = report.summary.train
+    assert (summary.samples, summary.conversations, summary.turns) == (6, 3, 6)
+    assert summary.supervised_tokens == supervised and summary.shortened == 0
 
 
 def test_merge_keeps_a_sample_s_turns_in_one_split_and_dedupes_them_whole(tmp_path):
@@ -295,7 +298,7 @@ def test_merge_keeps_a_sample_s_turns_in_one_split_and_dedupes_them_whole(tmp_pa
     rows += [turn("b", 0, 1, "all_turns_rendered"), turn("b", 0, 2, "all_turns_rendered")]
     rows += [turn("c", 1, 1, None)]  # raw written before the column: concatenated
     write_raw(tmp_path / "raw", rows)
-    report = merge([tmp_path / "raw"], tmp_path / "m", config.MergeParams(eval_fraction=0.5))
+    report = merge([tmp_path / "raw"], tmp_path / "m", MergeParams(eval_fraction=0.5))
     split_of = collections.defaultdict(set)
     for split in ("train", "eval"):
         for r in pq.read_table(tmp_path / "m" / f"{split}.parquet").to_pylist():
@@ -303,9 +306,9 @@ def test_merge_keeps_a_sample_s_turns_in_one_split_and_dedupes_them_whole(tmp_pa
     assert all(len(s) == 1 for s in split_of.values()) and len(split_of) == 40 + 1
     assert {s for sid, (s,) in split_of.items()} == {"train", "eval"}
     assert "c/1" in split_of and "b/0" not in split_of  # b/0 asks what a/0 asks
-    per = report["per_dataset"]
-    assert sum(d["duplicates"] for s in per.values() for d in s.values()) == 2
-    assert sum(d["samples"] for s in per.values() for d in s.values()) == 40 * 3 + 1
+    per = [*report.per_dataset.train.values(), *report.per_dataset.eval.values()]
+    assert sum(d.duplicates for d in per) == 2
+    assert sum(d.samples for d in per) == 40 * 3 + 1
 
 
 @pytest.mark.slow
@@ -319,7 +322,7 @@ def test_a_kill_mid_conversation_loses_and_duplicates_nothing(generated, hf_engi
     assert any(0 < len(rows) < TURNS[sid] for sid, rows in kept.items())  # halfway
     engine = Recording(hf_engine)
     resumed = generate_dataset("r", prompts, out, GEN, 10**6, KIMI, engine)
-    assert resumed["new_turns"] == len(engine.sent) == 6 - 3 and resumed["turns"] == 6
+    assert resumed.new_turns == len(engine.sent) == 6 - 3 and resumed.turns == 6
     assert same(turns_of(out)) == same(turns_of(reference))
 
 

@@ -8,8 +8,9 @@ import pytest
 from stages import merge as merge_stage
 from stages.artifacts.merged import SPLITS
 from stages.cli import StageError
-from stages.config import MergeParams, ParamsError
 from stages.merge import merge
+from stages.params.merge import MergeParams
+from stages.runtime.errors import ParamsError
 from tests.rawdata import mixed_raw, raw_row, write_raw
 
 # What the merge wrote over mixed_raw before it ran in bounded memory (one DuckDB query holding
@@ -45,8 +46,9 @@ def test_merge_joins_dedupes_splits(tmp_path, raw_dirs):
     assert row["input_ids"][: row["loss_spans"][0][0]] == list(range(100, 105))
     assert row["loss_spans"] == [[5, row["length"]]]
     assert len(row["input_ids"]) == row["length"] == 5 + (6 if row["dataset"] == "a" else 10)
-    assert metrics["summary"]["train"]["samples"] == train.num_rows
-    assert sum(d["duplicates"] for s in metrics["per_dataset"].values() for d in s.values()) == 1
+    assert metrics.summary.train.samples == train.num_rows
+    per = [*metrics.per_dataset.train.values(), *metrics.per_dataset.eval.values()]
+    assert sum(d.duplicates for d in per) == 1
 
 
 def test_merge_is_deterministic_and_seeded(tmp_path, raw_dirs):
@@ -91,7 +93,7 @@ def test_bounded_merge_writes_what_the_whole_data_merge_wrote(tmp_path, key):
         out = tmp_path / f"m{limit}"
         params = MergeParams(seed, eval_fraction, max_length, limit, threads)
         report = merge(dirs, out, params)
-        assert merged_digest(out, report) == DIGESTS_BEFORE_BOUNDED_MEMORY[key]
+        assert merged_digest(out, report.to_json()) == DIGESTS_BEFORE_BOUNDED_MEMORY[key]
         assert sorted(p.name for p in out.iterdir()) == ["eval.parquet", "train.parquet"]
 
 

@@ -3,11 +3,16 @@ a number out of its key's range stops the build naming the key and the range."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 
 import pytest
+import yaml
 
-from stages import config
+from stages.params.schema import load_params
+from stages.params.sections import SECTIONS
+from stages.params.vocab import VocabParams
+from stages.runtime.errors import ParamsError
 from tests.conftest import ROOT
 
 
@@ -30,10 +35,10 @@ def test_every_key_says_what_it_does_and_every_section_is_there():
     doc = params_doc()
     assert doc.undocumented() == []
     page = doc.render()
-    for section in config.SECTIONS:
+    for section in SECTIONS:
         assert f"## `{section}" in page
     # every key params.yaml sets appears on the page under its section
-    raw = config.load_params(ROOT / "params.yaml")
+    raw = load_params(ROOT / "params.yaml")
     for section, values in raw.items():
         if section == "datasets":
             continue
@@ -44,7 +49,7 @@ def test_every_key_says_what_it_does_and_every_section_is_there():
 def test_a_changed_help_text_makes_the_page_stale(monkeypatch):
     doc = params_doc()
     before = doc.render()
-    field = next(f for f in config.dataclasses.fields(config.VocabParams))
+    field = next(f for f in dataclasses.fields(VocabParams))
     monkeypatch.setattr(field, "metadata", {**field.metadata, "help": "Something else."})
     assert doc.render() != before
 
@@ -64,9 +69,9 @@ def test_a_changed_help_text_makes_the_page_stale(monkeypatch):
 )
 def test_a_number_out_of_range_names_the_key(section, values, says, tmp_path):
     params = tmp_path / "params.yaml"
-    params.write_text(config.yaml.safe_dump({section: values}))
-    with pytest.raises(config.ParamsError) as err:
-        config.section(config.SECTIONS[section], section, params)
+    params.write_text(yaml.safe_dump({section: values}))
+    with pytest.raises(ParamsError) as err:
+        SECTIONS[section].read(params)
     assert says in str(err.value)
 
 

@@ -1,7 +1,9 @@
 import pytest
 
-from stages.config import ExpectParams, QualityParams
+from stages.params.datasets import ExpectParams
+from stages.params.quality import QualityParams
 from stages.quality import HISTOGRAM_COLUMNS, answer, gate, markdown, metrics
+from stages.reports.prep import PrepReport
 from stages.runtime.files import write_csv
 from tests.rawdata import raw_row, write_raw
 
@@ -76,16 +78,19 @@ def test_gate_reports_missing_dataset(tmp_path):
     assert failures == ["dataset ghost: no generated samples"]
 
 
+def prep_report(dataset: str, rows: int, duplicate: int, too_long: int) -> PrepReport:
+    kept = rows - duplicate - too_long
+    return PrepReport(dataset, rows, 0, duplicate, too_long, 0, kept, kept, [])
+
+
 def test_metrics_and_markdown(tmp_path):
     ans = healthy(tmp_path)
-    prep = {
-        "chat": {"rows": 25, "kept": 20, "duplicate": 3, "too_long": 2, "malformed": 0},
-        "fc": {"rows": 10, "kept": 10, "duplicate": 0, "too_long": 0, "malformed": 0},
-    }
+    prep = {"chat": prep_report("chat", 25, 3, 2), "fc": prep_report("fc", 10, 0, 0)}
     m = metrics(ans, prep, [])
-    assert m["gate_passed"] is True
-    assert m["datasets"]["chat"]["too_long"] == 2 and m["datasets"]["fc"]["tool_call_share"] == 1.0
-    assert m["datasets"]["fc"]["generated_tokens"] == 60
+    assert m.gate_passed is True
+    assert m.datasets["chat"].too_long == 2 and m.datasets["fc"].tool_call_share == 1.0
+    assert m.datasets["fc"].generated_tokens == 60
+    m.write(tmp_path / "quality.json")  # every column of the questions has its field
     md = markdown(ans, prep, ["dataset chat: x"])
     assert "Gate: **FAILED**" in md and "- dataset chat: x" in md and "| chat | 25 | 20 | 3 |" in md
 

@@ -50,6 +50,21 @@ def test_an_import_dvc_yaml_does_not_list_is_caught(tree):
 
 
 @pytest.mark.slow
+def test_a_dep_the_stage_does_not_run_is_caught(tree):
+    """An extra code dep reruns the stage on every edit of that file for nothing."""
+    dvc = tree / "dvc.yaml"
+    dvc.write_text(
+        dvc.read_text().replace(
+            "- stages/merge.py\n", "- stages/merge.py\n      - stages/params/train.py\n", 1
+        )
+    )
+    assert structure.dvc_dep_problems(tree) == [
+        "dvc.yaml stage merge: dep stages/params/train.py is not a file stages.merge runs (an "
+        "edit to it would rerun the stage for nothing): drop it, or name the files"
+    ]
+
+
+@pytest.mark.slow
 def test_an_import_inside_a_function_counts(tree):
     plant(tree / "stages" / "merge.py", "def later():\n    from .drafter import model")
     assert any(
@@ -84,8 +99,8 @@ def test_a_word_that_is_also_a_query_name_is_not_a_query():
     [
         (
             "engines/sglang.py",
-            "from .. import config",
-            "the library imports the stage-side module stages.config",
+            "from ..params import train",
+            "the library imports the stage-side module stages.params",
         ),
         (
             "drafter/model.py",
@@ -150,3 +165,46 @@ def test_a_function_over_the_length_limit_is_caught(tree):
     plant(tree / "stages" / "merge.py", f"def longer_step():\n{body}    x = 0")
     problems = structure.length_problems(tree)
     assert len(problems) == 1 and "longer_step is 61 lines (at most 60)" in problems[0]
+
+
+def stages_depending_on(path: str) -> set[str]:
+    return {name for name, (_, deps) in structure.stage_modules(ROOT).items() if path in deps}
+
+
+@pytest.mark.parametrize(
+    "module, stages",
+    [
+        ("stages/params/train.py", {"check", "train", "report"}),
+        ("stages/params/extract.py", {"check", "extract", "train"}),
+        ("stages/params/benchmark.py", {"check", "benchmark"}),
+        ("stages/params/merge.py", {"check", "merge"}),
+        ("stages/params/vocab.py", {"check", "vocab"}),
+    ],
+)
+def test_an_edit_to_one_sections_code_reruns_the_stages_that_read_it(module, stages):
+    """dvc.yaml's code deps are the imports (test_the_tree_has_no_problem), so these are the
+    stages `dvc status` lists after an edit of the module: the check and the section's readers."""
+    assert stages_depending_on(module) == stages
+
+
+def test_the_plumbing_every_stage_shares_is_small():
+    """What every stage depends on: the entry point, the error types, the params' shared schema
+    and the atomic writes; no engine, no other section, no serving code."""
+    every = set(structure.stage_modules(ROOT))
+    shared = {
+        dep
+        for _, deps in structure.stage_modules(ROOT).values()
+        for dep in deps
+        if stages_depending_on(dep) == every and dep.startswith("stages/")
+    }
+    assert shared <= {
+        "stages/__init__.py",
+        "stages/cli.py",
+        "stages/runtime/__init__.py",
+        "stages/runtime/errors.py",
+        "stages/runtime/files.py",
+        "stages/params/__init__.py",
+        "stages/params/schema.py",
+        "stages/reports/__init__.py",
+        "stages/reports/record.py",
+    }, shared

@@ -8,8 +8,17 @@ from dataclasses import replace
 
 import yaml
 
-from stages.config import TrainParams
-from stages.train import CHECKPOINT_FORMAT, EARLIER, SPEED_ONLY, run_identity, start_or_resume
+from stages.drafter.training import LoopSettings
+from stages.params.train import TrainParams
+from stages.train import (
+    CHECKPOINT_FORMAT,
+    DERIVED_SETTINGS,
+    EARLIER,
+    SPEED_ONLY,
+    run_identity,
+    settings,
+    start_or_resume,
+)
 from tests.conftest import ROOT
 
 RUN = {"train": {"lr": 0.001}, "hidden": "abc", "vocab": "def"}
@@ -87,3 +96,19 @@ def test_the_params_that_rerun_the_stage_are_the_ones_that_restart_training():
     fields = {f.name for f in dataclasses.fields(TrainParams)}
     assert declared == fields - set(SPEED_ONLY)
     assert set(SPEED_ONLY) <= fields
+
+
+def test_the_loop_settings_are_the_train_keys_of_their_name():
+    """Every loop setting is the train key of its name or one derived from the keys, so a knob the
+    loop reads is one field in each, copied by name; a value set in params reaches the loop."""
+    loop = {f.name for f in dataclasses.fields(LoopSettings)}
+    keys = {f.name for f in dataclasses.fields(TrainParams)}
+    assert loop - set(DERIVED_SETTINGS) <= keys
+    p = TrainParams(lr=3e-3, length_window=5, fp8=True, max_steps=40, warmup_ratio=0.5)
+    s = settings(p, train_samples=100)
+    assert (s.lr, s.length_window, s.fp8, s.total_steps, s.warmup_steps) == (3e-3, 5, True, 40, 20)
+    assert settings(TrainParams(compile=False), 100).compile is False
+
+
+def test_speed_only_is_the_fields_own_word():
+    assert {"device", "cpu_threads", "compile"} == SPEED_ONLY
