@@ -36,7 +36,7 @@ from .drafter.speculate import (
     speculative_generate,
 )
 from .engines import AuthError, Sampling
-from .engines.sglang import SGLangEngine
+from .engines.sglang_http import SGLangEngine
 from .params.benchmark import BenchmarkParams, BenchmarkSGLangParams, BenchmarkSource
 from .params.schema import PARAMS_FILE
 from .params.server import SGLangLaunchParams
@@ -65,8 +65,8 @@ from .serving.bench import (
 )
 from .serving.launch import is_healthy, launch_line, speculative_args
 from .sources import SourceError, prompt_messages, read_conversations
-from .target.model import load_causal_lm
-from .target.tokenizer import render_prompt
+from .target_model.model import load_causal_lm
+from .target_model.tokenizer import render_prompt
 from .wiring.engines import server_command, start_launched
 from .wiring.target import api_key, target_roles, target_tokenizer
 

@@ -54,7 +54,7 @@ from .runtime.device import resolve_device
 from .runtime.files import remove_with_checksum, write_json
 from .runtime.outputs import output_lock, remove_stale_temps, remove_stale_temps_around
 from .runtime.progress import Progress
-from .target.tokenizer import model_fingerprint
+from .target_model.tokenizer import model_fingerprint
 from .wiring.capture import DTYPES, ConfigFacts, build_capture, config_only_facts
 
 

@@ -46,8 +46,8 @@ from .reports.record import ReportError
 from .runtime.files import remove_with_checksum
 from .runtime.outputs import output_lock, remove_stale_temps, remove_stale_temps_around
 from .serving.monitor import Backlog, GenerationMonitor, run_backlog
-from .target.history import HistoryRenderer
-from .target.tokens import TokenRoles, analyze_output
+from .target_model.history import HistoryRenderer
+from .target_model.tokens import TokenRoles, analyze_output
 from .wiring.engines import make_engine, sampling_for
 from .wiring.generation import engine_facts, recipe_facts
 from .wiring.target import target_roles, target_tokenizer

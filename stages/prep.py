@@ -27,8 +27,8 @@ from .params.target import TargetParams
 from .reports.prep import PrepReport
 from .runtime.outputs import remove_stale_temps_around
 from .sources import SourceError, prompt_messages, read_conversations, turn_bounds
-from .target.template import ChatTemplate, TemplateError, TurnPlan
-from .target.tokens import TokenRoles
+from .target_model.template import ChatTemplate, TemplateError, TurnPlan
+from .target_model.tokens import TokenRoles
 from .wiring.target import target_roles, target_tokenizer
 
 

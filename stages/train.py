@@ -9,12 +9,12 @@ reports/plots/train_evals.csv (replayed and simulated tau per evaluation) and
 reports/plots/train_acceptance.csv. Under torchrun it trains data-parallel (DDP).
 
 With `extract.store: none` (meta.json's `store`) the shards hold token ids only: the target runs
-here and gives each batch its features (`wiring.online.online_features`): with the hf engine a
-whole target on each rank's device beside the drafter; with sglang SGLang's model runner, tensor
-parallel over the same torchrun ranks that train the drafter data-parallel, each forward taking
-every rank's batch. tokens/s in reports/train.json then include its forward, and
-`target_forward_share` says how much of the step time it took (meta.json, with its `store`, is
-in models/drafter/training_args.json).
+here and gives each batch its features (`wiring.online_features.online_features`): with the hf
+engine a whole target on each rank's device beside the drafter; with sglang SGLang's model runner,
+tensor parallel over the same torchrun ranks that train the drafter data-parallel, each forward
+taking every rank's batch. tokens/s in reports/train.json then include its forward, and
+`target_forward_share` says how much of the step time it took (meta.json, with its `store`, is in
+models/drafter/training_args.json).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
 from .runtime.files import ChecksumError, remove_path, verify_checksum, write_csv, write_json
 from .runtime.outputs import LOCK_NAME, output_lock, remove_stale_temps, remove_stale_temps_around
-from .target.weights import embedding_and_head
-from .wiring.online import online_features
+from .target_model.weights import embedding_and_head
+from .wiring.online_features import online_features
 
 
 def build_drafter(

@@ -4,7 +4,7 @@ experts and a shared expert after `first_k_dense_replace` dense layers, and Kimi
 config carries the MoE keys of a real DeepSeek-V3 / Kimi-K2 config.json (KIMI_MOE), which
 SGLang's DeepSeek model code reads and transformers' DeepseekV3Config lacks or defaults otherwise.
 
-`tiny` runs on the CPU in tests (tests/target/test_deepseek_target.py); its head widths
+`tiny` runs on the CPU in tests (tests/target_model/test_deepseek_target.py); its head widths
 (kv_lora_rank 16, qk_rope_head_dim 8) crash real SGLang's MLA kernels on a GPU. `kimi-heads` has
 Kimi-K2.5's head dims at a size one GPU loads in seconds (`kimi_heads_target`, for real SGLang on
 a GPU); `kimi-k2.5` has Kimi-K2.5's widths with fewer layers and experts

@@ -16,8 +16,8 @@ from stages.reports.generate import GenerateReport
 from stages.reports.merge import MergeCounts, MergeReport, SplitsByDataset, SplitTotals
 from stages.reports.train import STORED, TrainReport
 from stages.reports.vocab import VocabReport
-from stages.target.tokenizer import load_tokenizer, render_prompt
-from stages.target.tokens import analyze_output, learn_roles
+from stages.target_model.tokenizer import load_tokenizer, render_prompt
+from stages.target_model.tokens import analyze_output, learn_roles
 from tests.conftest import DEMO_TARGET, ROOT
 from tests.rawdata import raw_row, write_raw
 

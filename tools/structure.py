@@ -25,13 +25,13 @@ LAYERS: dict[str, set[str]] = {
     "queries": set(),
     "sources": {"runtime"},
     "artifacts": {"runtime"},
-    "target": {"runtime"},
+    "target_model": {"runtime"},
     "drafter": {"runtime", "artifacts"},
-    "engines": {"runtime", "artifacts", "target", "drafter"},
+    "engines": {"runtime", "artifacts", "target_model", "drafter"},
     "serving": {"runtime", "artifacts", "engines"},
-    "capture": {"runtime", "target", "drafter", "engines"},
+    "capture": {"runtime", "target_model", "drafter", "engines"},
     "reports": {"runtime"},
-    "reporting": {"target", "reports"},
+    "reporting": {"target_model", "reports"},
 }
 # The stage side besides the stage modules: plumbing every stage may import, the typed params
 # (stages/params/, one module per section), the factories that build library objects from params

@@ -4,8 +4,8 @@ Every release from 0.5.14 to 0.5.23 builds its runner the way its own scheduler-
 (`sglang/bench_one_batch.py` in 0.5.14, `sglang/benchmark/one_batch.py` from 0.5.15: load_model,
 latency_test and extend), and each adapter is that driver's steps for its release, checked in CI
 against the release's own source (tests/sglang_contract: every import, call, keyword and
-attribute). Together with capture/sglang.py this is the only module of the project that imports
-SGLang. The template is `ReleaseRunner.__init__`; the steps change where the releases do:
+attribute). Together with capture/sglang_runner.py this is the only module of the project that
+imports SGLang. The template is `ReleaseRunner.__init__`; the steps change where the releases do:
 
 What changes, and where:
 

@@ -30,7 +30,7 @@ import torch
 import typer
 
 from ..artifacts import merged as merged_files
-from ..capture.canary import (
+from ..capture.comparison import (
     CanaryReport,
     compare,
     floors,
@@ -47,7 +47,7 @@ from ..params.target import TargetParams
 from ..runtime import parallel
 from ..runtime.device import resolve_device
 from ..runtime.files import atomic_path
-from ..target.model import load_causal_lm
+from ..target_model.model import load_causal_lm
 from ..wiring.capture import aux_indices, build_capture
 from ..wiring.target import api_key
 

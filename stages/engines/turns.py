@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..artifacts.prompts import PromptSettings
-from ..target.tokens import TokenRoles
+from ..target_model.tokens import TokenRoles
 from . import Completion
 
 # an earlier turn as the renderer needs it: (output ids, whether its prompt opened reasoning)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from ..target.tokens import TokenRoles
+from ..target_model.tokens import TokenRoles
 
 KINDS = ("reasoning", "answer", "tool_calls", "stop")
 

@@ -3,7 +3,7 @@ end and each part of the reply (by token role) apart, special tokens marked."""
 
 from __future__ import annotations
 
-from ..target.tokens import TokenRoles
+from ..target_model.tokens import TokenRoles
 from .anatomy import decode_marked, split_reply
 from .page import SampleView
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 
 from ..engines import Sampling
-from ..engines.sglang import INFO_PATHS, Reply, SGLangEngine, SGLangError, get_json
+from ..engines.sglang_http import INFO_PATHS, Reply, SGLangEngine, SGLangError, get_json
 from ..runtime.progress import Progress
 from .launch import ALGORITHM, speculative_args
 

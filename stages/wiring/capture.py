@@ -14,7 +14,7 @@ from ..cli import params_key
 from ..drafter.layers import default_aux_indices
 from ..params.extract import ExtractParams
 from ..params.target import TargetParams
-from ..target.model import load_causal_lm
+from ..target_model.model import load_causal_lm
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -32,7 +32,7 @@ def build_capture(
     """The configured engine's Capture for this process."""
     dtype = DTYPES[params.dtype]
     if params.engine == "sglang":
-        from ..capture.sglang import SGLangCapture
+        from ..capture.sglang_runner import SGLangCapture
 
         indices = config_only_facts(params, target, rank, world).aux_indices
         s = params.sglang

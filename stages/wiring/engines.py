@@ -10,8 +10,8 @@ from ..params.generate import GenerateParams
 from ..params.server import SGLangLaunchParams
 from ..params.target import TargetParams
 from ..serving.launch import SGLangServer, launch_command, server_url, start_server
-from ..target.tokenizer import pad_id
-from ..target.tokens import TokenRoles
+from ..target_model.tokenizer import pad_id
+from ..target_model.tokens import TokenRoles
 from .target import api_key
 
 
@@ -53,7 +53,7 @@ def make_engine(gen: GenerateParams, target: TargetParams, tokenizer):
     """The generation engine params name (for sglang with `launch`, its server started)."""
     if gen.engine == "hf":
         from ..engines.hf import HFEngine
-        from ..target.model import load_causal_lm
+        from ..target_model.model import load_causal_lm
 
         with params_key("target"):
             model = load_causal_lm(
@@ -65,7 +65,7 @@ def make_engine(gen: GenerateParams, target: TargetParams, tokenizer):
             )
         return HFEngine(model, pad_id(tokenizer), gen.batch_size)
     if gen.engine == "sglang":
-        from ..engines.sglang import SGLangEngine
+        from ..engines.sglang_http import SGLangEngine
 
         s, urls = gen.sglang, gen.sglang.urls
         if s.launch is not None:

@@ -15,7 +15,7 @@ from ..cli import params_key
 from ..drafter.serving_dtype import sglang_auto_dtype
 from ..engines import Sampling
 from ..params.target import TargetParams
-from ..target.tokenizer import model_fingerprint
+from ..target_model.tokenizer import model_fingerprint
 
 
 def recipe_facts(target: TargetParams, sampling: Sampling, regenerate: str) -> dict:
@@ -37,9 +37,9 @@ def recipe_facts(target: TargetParams, sampling: Sampling, regenerate: str) -> d
 
 def in_process_facts(target: TargetParams) -> dict:
     """What shapes the tokens of the target run in this process (the hf engine), under the names
-    a server's facts have (engines/sglang.py SERVED_FACTS): the dtype target.dtype resolves to
+    a server's facts have (engines/sglang_http.py SERVED_FACTS): the dtype target.dtype resolves to
     on target.device, no quantization, no server."""
-    from ..target.model import resolve_device, resolve_dtype
+    from ..target_model.model import resolve_device, resolve_dtype
 
     with params_key("target"):
         dtype = resolve_dtype(target.dtype, resolve_device(target.device))

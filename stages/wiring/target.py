@@ -8,8 +8,8 @@ from pathlib import Path
 
 from ..cli import StageError, params_key
 from ..params.target import TargetParams
-from ..target.tokenizer import load_tokenizer
-from ..target.tokens import TokenRoles, learn_roles
+from ..target_model.tokenizer import load_tokenizer
+from ..target_model.tokens import TokenRoles, learn_roles
 
 TEMPLATES = Path("templates")  # a dep of every stage that reads target.chat_template (dvc.yaml)
 

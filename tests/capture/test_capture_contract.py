@@ -30,8 +30,8 @@ import yaml
 from safetensors import safe_open
 
 from stages.artifacts import hidden
-from stages.capture import canary as canary_math
-from stages.capture import sglang as sglang_capture
+from stages.capture import comparison as canary_math
+from stages.capture import sglang_runner as sglang_capture
 from stages.capture.buffers import FeatureBuffers
 from stages.capture.hf import HFCapture
 from stages.capture.interface import Capture, Role
@@ -47,7 +47,7 @@ from stages.params.schema import build
 from stages.params.target import TargetParams
 from stages.runtime.errors import ParamsError
 from stages.runtime.files import CHECKSUM_SUFFIX
-from stages.target.model import load_causal_lm
+from stages.target_model.model import load_causal_lm
 from stages.wiring.capture import build_capture
 from tests import fake_sglang
 from tests.conftest import ROOT

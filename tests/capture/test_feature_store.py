@@ -23,8 +23,8 @@ from stages.drafter.training import Objective, train
 from stages.extract import extract
 from stages.params.extract import ExtractParams
 from stages.params.target import TargetParams
-from stages.target.weights import embedding_and_head
-from stages.wiring.online import online_features
+from stages.target_model.weights import embedding_and_head
+from stages.wiring.online_features import online_features
 from tests.conftest import DEMO_TARGET
 from tests.perf.bench_kimi_width import run_train
 from tests.reliability import demo_params, write_vocab

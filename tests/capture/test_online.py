@@ -31,8 +31,8 @@ from stages.extract import extract
 from stages.params.extract import ExtractParams, ExtractSGLangParams
 from stages.params.target import TargetParams
 from stages.runtime.parallel import NCCL_ENV
-from stages.target.weights import embedding_and_head
-from stages.wiring.online import online_features
+from stages.target_model.weights import embedding_and_head
+from stages.wiring.online_features import online_features
 from tests import fake_sglang
 from tests.conftest import ROOT
 from tests.runtime.test_rank_killed import workers

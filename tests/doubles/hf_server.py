@@ -44,7 +44,7 @@ from stages.drafter.speculate import SpecResult, speculative_generate
 from stages.engines import Completion, FinishReason, Request, Sampling, trim_at_stop
 from stages.engines.hf import HFEngine
 from stages.serving.launch import ALGORITHM
-from stages.target.model import load_causal_lm
+from stages.target_model.model import load_causal_lm
 
 # Sampling values this server honours; the others must be absent, null or neutral.
 SAMPLING_DEFAULTS: dict[str, Any] = {

@@ -16,10 +16,10 @@ import torch
 
 from stages.artifacts.prompts import PROMPTS_SCHEMA
 from stages.engines.hf import HFEngine
-from stages.engines.sglang import SGLangEngine
+from stages.engines.sglang_http import SGLangEngine
 from stages.params.target import TargetParams
-from stages.target.model import load_causal_lm
-from stages.target.tokenizer import pad_id
+from stages.target_model.model import load_causal_lm
+from stages.target_model.tokenizer import pad_id
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, STORIES, STORIES_REL, require_shared
 from tests.doubles.hf_server import HFServer, model_eos_ids

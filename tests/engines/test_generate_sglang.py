@@ -13,7 +13,7 @@ import pytest
 
 from stages import generate
 from stages.artifacts.raw import parts, read_raw
-from stages.engines.sglang import SGLangError
+from stages.engines.sglang_http import SGLangError
 from stages.params.generate import GenerateParams, SGLangParams
 from stages.params.server import SGLangLaunchParams, SGLangServerArgs
 from stages.serving.launch import is_healthy

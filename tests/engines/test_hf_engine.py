@@ -2,7 +2,7 @@ import pytest
 
 from stages.engines import Sampling, trim_at_stop
 from stages.engines.hf import HFEngine
-from stages.target.model import load_causal_lm
+from stages.target_model.model import load_causal_lm
 
 
 @pytest.fixture(scope="module")

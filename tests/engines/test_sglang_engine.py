@@ -9,7 +9,7 @@ import socket
 import pytest
 
 from stages.engines import EngineError, Sampling
-from stages.engines.sglang import SGLangError, parse_reply, sample_seed
+from stages.engines.sglang_http import SGLangError, parse_reply, sample_seed
 from tests.engines.conftest import client, free_port
 
 GREEDY = dict(max_new_tokens=12)

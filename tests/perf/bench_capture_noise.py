@@ -15,7 +15,7 @@ capture engine's way of running it or a step towards it:
   the batch's composition, the floor a canary comparing two correct captures sees;
 - `packed compiled` (GPU): `packed` with each decoder layer compiled, as extract.compile does.
 
-Then the canary's own measure (stages/capture/canary.py, relative error over all the samples'
+Then the canary's own measure (stages/capture/comparison.py, relative error over all the samples'
 tokens): its floor, the bf16 reference run alone and in one right-padded batch, and the stage's
 path (compiled where it compiles) against the reference alone, with their ratio: the margin a
 threshold of FLOOR_MARGIN x the floor must cover.
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from stages.capture.canary import FLOOR_MARGIN, floors, hf_reference, relative_error
+from stages.capture.comparison import FLOOR_MARGIN, floors, hf_reference, relative_error
 from stages.capture.hf import HFCapture
 from stages.capture.hooks import FeatureExtractor
 from stages.drafter.layers import default_aux_indices

@@ -16,8 +16,8 @@ ids (lengths --prompt-lengths) are sent:
   replies, the live monitor polling /metrics, the report): its own tokens/s (generation loop)
   and the process's wall seconds (imports, tokenizer, compaction included);
 - bare: an aiohttp loop holding c requests in flight, each the body the stage sends (the same
-  rid, ids and sampling values: engines/sglang.py `request_body`), nothing done with a reply but
-  counting it.
+  rid, ids and sampling values: engines/sglang_http.py `request_body`), nothing done with a reply
+  but counting it.
 
 Both runs must produce the same output ids per sample (greedy decoding of the same requests): the
 check that the two sent the same work. The llama-3.1-8b target is random weights of Llama-3.1-8B's
@@ -40,7 +40,7 @@ import aiohttp
 import pyarrow.parquet as pq
 
 from stages.artifacts.prompts import PromptSettings, write_prompts
-from stages.engines.sglang import JSON_HEADERS, request_body
+from stages.engines.sglang_http import JSON_HEADERS, request_body
 from stages.params.generate import GenerateParams
 from stages.params.target import TargetParams
 from stages.serving.launch import launch_command, start_server

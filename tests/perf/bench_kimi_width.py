@@ -35,7 +35,7 @@ same shape):
     `train tok/s` and `ms/step`, the median of --repeat steps after --warmup, and `train peak
     GiB`.
     With store `none` (online) the stage loads the target beside the drafter and runs it on
-    every batch, and the timed step includes that forward (`stages.wiring.online`);
+    every batch, and the timed step includes that forward (`stages.wiring.online_features`);
 (c) export: the train stage exports the best checkpoint for SGLang 0.5.16 (`export_drafter`) and
     checks it key by key (`check_export`); it is checked again here and `pass` is printed. When
     training did not finish, the untrained drafter is exported and checked instead.
@@ -84,8 +84,8 @@ from stages.params.extract import ExtractParams
 from stages.params.target import TargetParams
 from stages.params.train import TrainParams
 from stages.runtime.device import resolve_device
-from stages.target.weights import embedding_and_head
-from stages.wiring.online import online_features
+from stages.target_model.weights import embedding_and_head
+from stages.wiring.online_features import online_features
 from tests.mla_target import SHAPES, build_target, deepseek_config, save_target
 from tests.perf.bench_extract import (
     median_seconds,

@@ -19,7 +19,7 @@ import socket
 import time
 
 from stages.engines import Sampling
-from stages.engines.sglang import SGLangEngine
+from stages.engines.sglang_http import SGLangEngine
 
 TARGET_PER_S = 1000
 

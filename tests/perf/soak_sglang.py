@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 from stages.engines import Sampling
-from stages.engines.sglang import SGLangEngine, sample_seed
+from stages.engines.sglang_http import SGLangEngine, sample_seed
 
 FAULT_EVERY = 10
 STOP_ID = 2

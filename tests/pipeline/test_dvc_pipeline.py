@@ -80,7 +80,7 @@ def test_settings_that_shape_no_output_rerun_nothing_and_code_deps_do(repo):
     set_params(repo, transport)  # the params check reruns and passes: nothing else does
     assert ran_stages(sh(["dvc", "repro", "merge", "quality"], repo).stdout) == {"check"}
 
-    tokens = repo / "stages" / "target" / "tokens.py"
+    tokens = repo / "stages" / "target_model" / "tokens.py"
     tokens.write_text(tokens.read_text() + "\n# a change to the token roles' module\n")
     status = sh(["dvc", "status", "--json"], repo).stdout
     changed = set(json.loads(status))

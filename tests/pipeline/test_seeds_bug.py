@@ -17,8 +17,8 @@ from stages.engines.hf import HFEngine
 from stages.generate import generate_dataset
 from stages.params.generate import GenerateParams
 from stages.params.target import TargetParams
-from stages.target.model import load_causal_lm
-from stages.target.tokenizer import pad_id, render_prompt
+from stages.target_model.model import load_causal_lm
+from stages.target_model.tokenizer import pad_id, render_prompt
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.stage_runner import run_stage
 

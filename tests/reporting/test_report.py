@@ -20,7 +20,7 @@ from stages.reporting.page import buckets
 from stages.reporting.summary import UNITS, run_metrics, unit
 from stages.reports.metrics import WHY_NULL, tau_key
 from stages.reports.record import ReportError
-from stages.target.tokens import TokenRoles
+from stages.target_model.tokens import TokenRoles
 from tests.conftest import ROOT
 from tests.reportdata import (
     BENCHMARK,

@@ -22,7 +22,7 @@ from stages.drafter.export import export_drafter, load_drafter
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.engines import Completion, Sampling
 from stages.engines.hf import HFEngine
-from stages.engines.sglang import Reply, SGLangError
+from stages.engines.sglang_http import Reply, SGLangError
 from stages.params.benchmark import BenchmarkParams, BenchmarkSGLangParams
 from stages.params.server import SGLangLaunchParams
 from stages.params.target import TargetParams
@@ -36,8 +36,8 @@ from stages.serving.bench import (
     server_facts,
 )
 from stages.serving.launch import is_healthy
-from stages.target.model import load_causal_lm
-from stages.target.tokenizer import pad_id, render_prompt
+from stages.target_model.model import load_causal_lm
+from stages.target_model.tokenizer import pad_id, render_prompt
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import STORIES, STORIES_REL
 from tests.doubles import hf_server

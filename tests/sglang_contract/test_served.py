@@ -13,7 +13,7 @@ import pytest
 
 from stages.capture import served as served_hidden
 from stages.engines import Sampling
-from stages.engines.sglang import request_body
+from stages.engines.sglang_http import request_body
 from stages.params.server import SGLangLaunchParams, SGLangServerArgs
 from stages.params.target import TargetParams
 from stages.serving import bench as sglang_bench
@@ -31,7 +31,7 @@ ENGINES = ROOT / "stages" / "engines"
 SERVING = ROOT / "stages" / "serving"
 SERVED = ROOT / "stages" / "capture" / "served.py"  # the canary's reference over HTTP
 CLIENT_MODULES = (
-    ENGINES / "sglang.py",
+    ENGINES / "sglang_http.py",
     SERVING / "bench.py",
     SERVED,
     SERVING / "monitor.py",
@@ -99,7 +99,7 @@ def test_meta_info_keys_read(release):
     assert {"finish_reason", "completion_tokens", "spec_verify_ct", "hidden_states"} <= read
     unknown = read - served.meta_info_keys(release)
     assert not unknown, f"meta_info keys {unknown} are never written by SGLang {release.version}"
-    finish = keys_read(ENGINES / "sglang.py", "finish")
+    finish = keys_read(ENGINES / "sglang_http.py", "finish")
     assert {"type", "matched"} <= finish
     unknown = finish - served.finish_reason_keys(release)
     assert not unknown, f"finish_reason keys {unknown} are not SGLang {release.version}'s"
@@ -145,7 +145,7 @@ def test_launch_flags(release):
 def test_flags_named_in_messages(release):
     """Flags the launcher, the served benchmark and the server's error texts tell a user to
     pass; the canary's served reference (SGLang >= 0.5.23) is checked on its own below."""
-    for path in (SERVING / "launch.py", SERVING / "bench.py", ENGINES / "sglang.py"):
+    for path in (SERVING / "launch.py", SERVING / "bench.py", ENGINES / "sglang_http.py"):
         named = {f for s in string_constants(path) for f in served.FLAG.findall(s)}
         unknown = named - served.launch_flags(release)
         assert not unknown, f"{path.name} names {sorted(unknown)}, no flags of {release.version}"

@@ -23,8 +23,8 @@ from stages.params.merge import MergeParams
 from stages.params.target import TargetParams
 from stages.prep import prepare
 from stages.sources import read_conversations, turn_bounds
-from stages.target.model import load_causal_lm
-from stages.target.tokenizer import pad_id, render_prompt
+from stages.target_model.model import load_causal_lm
+from stages.target_model.tokenizer import pad_id, render_prompt
 from stages.vocab import supervised_counts
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import DEMO_TARGET, ROOT, SHARED

@@ -26,8 +26,8 @@ from stages.extract import extract
 from stages.params.extract import ExtractParams
 from stages.params.target import TargetParams
 from stages.params.train import TrainParams
-from stages.target.model import load_causal_lm
-from stages.target.weights import embedding_and_head
+from stages.target_model.model import load_causal_lm
+from stages.target_model.weights import embedding_and_head
 from tests.conftest import STORIES, STORIES_REL
 
 pytestmark = pytest.mark.shared(STORIES_REL)

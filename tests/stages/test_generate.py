@@ -12,7 +12,7 @@ from stages.generate import generate_dataset
 from stages.params.generate import GenerateParams, SGLangParams
 from stages.params.server import SGLangLaunchParams
 from stages.params.target import TargetParams
-from stages.target.model import load_causal_lm
+from stages.target_model.model import load_causal_lm
 from stages.wiring.generation import served_facts
 from tests.conftest import STORIES, STORIES_REL
 

@@ -20,7 +20,7 @@ README = """\
 
 Run `python -m stages.prep --out data/prompts/<d>.parquet` and read `reports/prep/sharegpt.json`,
 `reports/canary.pt` and the notes under `../shared/samples/`, or any of `stages/*.py`.
-The capture lives in `stages/target/capture.py`; [the design](docs/nowhere.md).
+The capture lives in `stages/target_model/capture.py`; [the design](docs/nowhere.md).
 `python -m stages.nope`, `python -m stages.prep --no-such-option`,
 `pytest tests/test_it.py::test_missing`, `make nothing`, `make check`.
 `stages.prep.main` reads `stages.prep.options` and `tests.doubles.server`.
@@ -57,7 +57,7 @@ def test_made_up_names_are_caught_with_their_file_and_line(tree):
     )
     assert prose_paths.problems(tree) == [
         f"Makefile:2: stages/checks.py {nowhere}",
-        f"README.md:5: stages/target/capture.py {nowhere}",
+        f"README.md:5: stages/target_model/capture.py {nowhere}",
         "README.md:5: the link to docs/nowhere.md leads nowhere: link the file where it is now",
         "README.md:6: python -m stages.nope: no such module (no stages/nope.py): name its module",
         "README.md:6: python -m stages.prep takes no option --no-such-option (see its --help)",
@@ -80,7 +80,10 @@ def test_the_command_line_fails_on_a_made_up_path(tree):
         [sys.executable, "tools/prose_paths.py"], cwd=tree, capture_output=True, text=True
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "README.md:5: stages/target/capture.py is no file or folder of the repo" in proc.stdout
+    assert (
+        "README.md:5: stages/target_model/capture.py is no file or folder of the repo"
+        in proc.stdout
+    )
 
 
 @pytest.mark.slow

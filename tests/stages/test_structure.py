@@ -40,10 +40,10 @@ def test_the_tree_has_no_problem():
 @pytest.mark.slow
 def test_an_import_dvc_yaml_does_not_list_is_caught(tree):
     assert structure.dvc_dep_problems(tree) == []
-    plant(tree / "stages" / "vocab.py", "from .target import weights")
+    plant(tree / "stages" / "vocab.py", "from .target_model import weights")
     problems = structure.dvc_dep_problems(tree)
     assert problems == [
-        f"dvc.yaml stage vocab: stages.vocab runs stages/target/{name}, which "
+        f"dvc.yaml stage vocab: stages.vocab runs stages/target_model/{name}, which "
         f"is not among its deps (a change to it would rerun nothing)"
         for name in ("__init__.py", "weights.py")
     ]
@@ -98,7 +98,7 @@ def test_a_word_that_is_also_a_query_name_is_not_a_query():
     "module, line, needle",
     [
         (
-            "engines/sglang.py",
+            "engines/sglang_http.py",
             "from ..params import train",
             "the library imports the stage-side module stages.params",
         ),
@@ -109,9 +109,9 @@ def test_a_word_that_is_also_a_query_name_is_not_a_query():
         ),
         ("runtime/files.py", "from ..artifacts import raw", "runtime may import ['runtime'], not "),
         (
-            "target/tokens.py",
+            "target_model/tokens.py",
             "from ..engines import Sampling",
-            "target may import ['runtime', 'target'], not stages.engines",
+            "target_model may import ['runtime', 'target_model'], not stages.engines",
         ),
     ],
 )

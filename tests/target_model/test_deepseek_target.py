@@ -23,8 +23,8 @@ from stages.capture.hooks import FeatureExtractor, decoder_parts
 from stages.drafter.export import check_export
 from stages.drafter.layers import serving_layer_ids
 from stages.drafter.model import Eagle3Config, target_facts
-from stages.target.model import load_causal_lm
-from stages.target.weights import embedding_and_head
+from stages.target_model.model import load_causal_lm
+from stages.target_model.weights import embedding_and_head
 from tests.mla_target import (
     KIMI_YARN,
     SHAPES,

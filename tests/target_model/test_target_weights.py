@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from stages.target.weights import embedding_and_head
+from stages.target_model.weights import embedding_and_head
 
 
 def sharded(directory, shards: dict[str, dict[str, torch.Tensor]]):

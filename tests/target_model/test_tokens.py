@@ -2,7 +2,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from stages.target.tokens import analyze_output, learn_roles
+from stages.target_model.tokens import analyze_output, learn_roles
 
 SPECIAL = [
     "[UNK]",

@@ -14,7 +14,7 @@ from ..cli import params_key
 from ..drafter.training import feature_dtype
 from ..params.extract import ExtractParams
 from ..params.target import TargetParams
-from ..target.model import load_causal_lm
+from ..target_model.model import load_causal_lm
 
 
 def online_features(
