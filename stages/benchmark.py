@@ -36,7 +36,6 @@ from .drafter.speculate import (
     speculative_generate,
 )
 from .engines import AuthError, Sampling
-from .engines.sglang_http import SGLangEngine
 from .params.benchmark import BenchmarkParams, BenchmarkSGLangParams, BenchmarkSource
 from .params.schema import PARAMS_FILE
 from .params.server import SGLangLaunchParams
@@ -48,21 +47,13 @@ from .reports.benchmark import (
     InProcessFigures,
     InProcessTemperature,
     ServedBenchmark,
-    ServedFigures,
     ServedTemperature,
     greedy_tau,
 )
 from .runtime.files import write_csv
 from .runtime.outputs import remove_stale_temps_around
 from .runtime.progress import Progress
-from .serving.bench import (
-    ServerRun,
-    check_plain_server,
-    check_speculative_server,
-    compare,
-    measure,
-    server_facts,
-)
+from .serving.bench import ServedClient, ServerRun, compare_servers, measure_server
 from .serving.launch import is_healthy, launch_line, speculative_args
 from .sources import SourceError, prompt_messages, read_conversations
 from .target_model.model import load_causal_lm
@@ -323,7 +314,7 @@ def sampling_per_temperature(b: BenchmarkParams, stop_ids: list[int]) -> dict[fl
     }
 
 
-def measure_server(
+def measure_role(
     role: str,
     url: str | None,
     command: list[str],
@@ -332,58 +323,17 @@ def measure_server(
     requests: dict[str, list[tuple[str, list[int]]]],
     samplings: dict[float, Sampling],
 ) -> tuple[dict[tuple[float, str], ServerRun], dict]:
-    """One server, attached or launched (and stopped after), checked to be what its role needs
-    before it is measured; its runs per (temperature, prompt set), and its facts for the report."""
+    """One server, attached or launched from params (and stopped after), measured."""
     s = b.sglang
     with serving(s.launch, command, url) as url:
-        facts = server_facts(url, api_key=key)
-        if role == "spec":
-            check_speculative_server(facts, url, b.num_steps)
-        else:
-            check_plain_server(facts, url)
-        with params_key("benchmark.sglang"):
-            engine = SGLangEngine(
-                [url], s.concurrency, s.timeout_s, max_retries=s.max_retries, api_key=key
-            )
-        total = len(samplings) * sum(map(len, requests.values()))
-        progress = Progress(f"benchmark {role}", total)
-        runs = {
-            (t, name): measure(engine, group, sampling, progress)
-            for t, sampling in samplings.items()
-            for name, group in requests.items()
-        }
-        return runs, {
-            "url": url,
-            "launched": s.launch is not None,
-            "command": shlex.join(command),
-            **facts,
-            "retries": engine.retries,
-        }
-
-
-def compare_servers(
-    runs: dict[str, dict[tuple[float, str], ServerRun]],
-    temperatures: list[float],
-    names: list[str],
-    num_steps: int,
-) -> dict[float, ServedTemperature]:
-    """Per temperature, the speculative server against the base one: over all prompt sets
-    pooled, and per set."""
-    compared = {}
-    for t in temperatures:
-        spec, base = (
-            ServerRun.pooled([runs[role][t, name] for name in names]) for role in ("spec", "base")
-        )
-        compared[t] = ServedTemperature(
-            **compare(spec, base, num_steps),
-            datasets={
-                name: ServedFigures(
-                    **compare(runs["spec"][t, name], runs["base"][t, name], num_steps)
-                )
-                for name in names
-            },
-        )
-    return compared
+        client = ServedClient(s.concurrency, s.timeout_s, s.max_retries, key)
+        runs, facts = measure_server(role, url, client, b.num_steps, requests, samplings)
+    return runs, {
+        "url": url,
+        "launched": s.launch is not None,
+        "command": shlex.join(command),
+        **facts,
+    }
 
 
 def served_benchmark(
@@ -408,7 +358,7 @@ def served_benchmark(
     runs: dict[str, dict[tuple[float, str], ServerRun]] = {}
     servers: dict[str, dict] = {}
     for role, url in (("spec", s.spec_url), ("base", s.base_url)):
-        runs[role], servers[role] = measure_server(
+        runs[role], servers[role] = measure_role(
             role, url, commands[role], b, key, requests, samplings
         )
     temperatures = compare_servers(runs, list(samplings), list(requests), b.num_steps)

@@ -28,7 +28,7 @@ LAYERS: dict[str, set[str]] = {
     "target_model": {"runtime"},
     "drafter": {"runtime", "artifacts"},
     "engines": {"runtime", "artifacts", "target_model", "drafter"},
-    "serving": {"runtime", "artifacts", "engines"},
+    "serving": {"runtime", "artifacts", "engines", "reports"},
     "capture": {"runtime", "target_model", "drafter", "engines"},
     "reports": {"runtime"},
     "reporting": {"target_model", "reports"},

@@ -20,6 +20,7 @@ import httpx
 
 from ..engines import Sampling
 from ..engines.sglang_http import INFO_PATHS, Reply, SGLangEngine, SGLangError, get_json
+from ..reports.benchmark import ServedFigures, ServedTemperature
 from ..runtime.progress import Progress
 from .launch import ALGORITHM, speculative_args
 
@@ -256,3 +257,70 @@ def _ratio(num: float, den: float) -> float:
 def _round(x: float, digits: int = 4) -> float | None:
     """Rounded for the report; NaN (nothing to divide by) becomes null, which JSON can hold."""
     return None if x != x else round(x, digits)
+
+
+@dataclass(frozen=True)
+class ServedClient:
+    """How the benchmark's client talks to each server: requests in flight, the longest wait for
+    a reply, retries, the API key (None: none)."""
+
+    concurrency: int
+    timeout_s: float
+    max_retries: int
+    api_key: str | None
+
+
+def measure_server(
+    role: str,
+    url: str,
+    client: ServedClient,
+    num_steps: int,
+    requests: dict[str, list[tuple[str, list[int]]]],
+    samplings: dict[float, Sampling],
+) -> tuple[dict[tuple[float, str], ServerRun], dict]:
+    """The server at `url` checked to be what its role (spec or base) needs, then its runs per
+    (temperature, prompt set), and its facts (version, model, speculative settings, retries)."""
+    facts = server_facts(url, api_key=client.api_key)
+    if role == "spec":
+        check_speculative_server(facts, url, num_steps)
+    else:
+        check_plain_server(facts, url)
+    engine = SGLangEngine(
+        [url],
+        client.concurrency,
+        client.timeout_s,
+        max_retries=client.max_retries,
+        api_key=client.api_key,
+    )
+    progress = Progress(f"benchmark {role}", len(samplings) * sum(map(len, requests.values())))
+    runs = {
+        (t, name): measure(engine, group, sampling, progress)
+        for t, sampling in samplings.items()
+        for name, group in requests.items()
+    }
+    return runs, {**facts, "retries": engine.retries}
+
+
+def compare_servers(
+    runs: dict[str, dict[tuple[float, str], ServerRun]],
+    temperatures: list[float],
+    names: list[str],
+    num_steps: int,
+) -> dict[float, ServedTemperature]:
+    """Per temperature, the speculative server against the base one: over all prompt sets
+    pooled, and per set."""
+    compared = {}
+    for t in temperatures:
+        spec, base = (
+            ServerRun.pooled([runs[role][t, name] for name in names]) for role in ("spec", "base")
+        )
+        compared[t] = ServedTemperature(
+            **compare(spec, base, num_steps),
+            datasets={
+                name: ServedFigures(
+                    **compare(runs["spec"][t, name], runs["base"][t, name], num_steps)
+                )
+                for name in names
+            },
+        )
+    return compared
