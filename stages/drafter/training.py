@@ -422,11 +422,11 @@ def train(
 
 
 def live_figures(row: dict, evaluated: History | None) -> dict[str, float]:
-    """A logged step's figures by name (train/..., and eval/... of the evaluation just run)."""
-    figures = {f"train/{k}": float(v) for k, v in row.items() if k != "step"}
+    """A logged step's loss, and the replayed tau of the evaluation just run: what a running
+    experiment is followed by (the rest is in the train report's plots)."""
+    figures = {"train/loss": float(row["loss"])}
     if evaluated is not None:
-        last = evaluated.evals[-1]
-        figures |= {f"eval/{k}": last[k] for k in ("replayed_tau", "simulated_tau")}
+        figures["eval/replayed_tau"] = evaluated.evals[-1]["replayed_tau"]
     return figures
 
 

@@ -40,11 +40,16 @@ def repo(tmp_path_factory, demo_target):
     return repo
 
 
-def test_metrics_are_one_compact_file(repo):
+def test_metrics_are_the_run_figures_and_the_live_training_ones(repo):
+    """reports/metrics.json, a dozen figures with units, and DVCLive's last logged step of
+    training (step, loss, replayed tau): nothing else widens `dvc metrics show`."""
     shown = json.loads(sh(["dvc", "metrics", "show", "--json"], repo).stdout)
     (workspace,) = shown.values()  # keyed by revision: "" is the workspace
     files = workspace["data"]
-    assert list(files) == ["reports/metrics.json"]
+    assert list(files) == ["dvclive/metrics.json", "reports/metrics.json"]
+    live = files["dvclive/metrics.json"]["data"]
+    assert set(live) == {"step", "train", "eval"}, live
+    assert set(live["train"]) == {"loss"} and set(live["eval"]) == {"replayed_tau"}
     figures = files["reports/metrics.json"]["data"]
     why = figures.pop(WHY_NULL)
     assert 10 <= len(figures) <= 14 and all(unit(k) for k in figures), figures
@@ -52,7 +57,8 @@ def test_metrics_are_one_compact_file(repo):
     written = json.loads((repo / "reports" / "metrics.json").read_text())
     assert {k for k, v in written.items() if v is None} == set(why) and not set(why) & set(figures)
     table = sh(["dvc", "metrics", "show"], repo).stdout.splitlines()
-    assert len(table[0].split()) <= 15, table[0]  # Path + one column per figure or its reason
+    # Path, one column per figure or its reason, and the live step, loss and replayed tau
+    assert len(table[0].split()) <= 18, table[0]
     assert "benchmark_tau_t0_tokens_per_step" in table[0]
     assert (repo / "reports" / "index.html").stat().st_size > 10_000
     assert (repo / "models" / "card" / "README.md").read_text().startswith("---\n")
