@@ -125,6 +125,8 @@ def render() -> str:
         for f in dataclasses.fields(cls):
             inner, how = nested(hints[f.name])
             what = f.metadata.get("help", "")
+            if f.metadata.get("speed_only"):
+                what = f"{what} Speed only: an edit resumes the run.".strip()
             if inner is not None:
                 target = first[inner]
                 what = f"{what} Its keys: [`{target}`](#{anchor(target)}).".strip()
