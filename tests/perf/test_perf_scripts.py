@@ -436,5 +436,6 @@ def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys
         (2, 4, True),
         (4, 8, True),
     ]
+    assert all(r["bare_repeatable"] and r["identical_rows"] == r["requests"] for r in rows)
     assert all(r["stage_tokens_per_s"] > 0 and r["bare_tokens_per_s"] > 0 for r in rows)
     assert "stage/bare" in capsys.readouterr().out
