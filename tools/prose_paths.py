@@ -28,8 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-from structure import imports, module_file
+from structure import entry_path, imports, module_file, stage_bodies
 
 # Where the project's Python prose lives, and the files whose `#` comments are prose.
 PYTHON_DIRS = ("stages", "tests", "tools", "demo")
@@ -97,14 +96,12 @@ def load_tree(root: Path) -> Tree:
 
 def dvc_outs(root: Path) -> tuple[tuple[str, ...], ...]:
     """Every path dvc.yaml's stages write (outs, metrics, plots), split into its parts."""
-    outs = []
-    for spec in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].values():
-        body = spec.get("do", spec)
-        for kind in ("outs", "metrics", "plots"):
-            for out in body.get(kind, []):
-                path = out if isinstance(out, str) else next(iter(out))
-                outs.append(tuple(path.rstrip("/").split("/")))
-    return tuple(outs)
+    return tuple(
+        tuple(entry_path(out).rstrip("/").split("/"))
+        for body in stage_bodies(root).values()
+        for kind in ("outs", "metrics", "plots")
+        for out in body.get(kind, [])
+    )
 
 
 def prose(tree: Tree) -> Iterator[Prose]:

@@ -134,19 +134,24 @@ def named_queries(root: Path, path: Path) -> set[str]:
     return found
 
 
+def stage_bodies(root: Path) -> dict[str, dict]:
+    """{stage name: its body} from dvc.yaml (a foreach stage's `do`)."""
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    return {name: spec.get("do", spec) for name, spec in stages.items()}
+
+
+def entry_path(entry: str | dict) -> str:
+    """The path of a deps / outs / metrics / plots entry (a plain path, or one with options)."""
+    return entry if isinstance(entry, str) else next(iter(entry))
+
+
 def stage_modules(root: Path) -> dict[str, tuple[str, list[str]]]:
     """{stage name: (module its cmd runs, its deps)} from dvc.yaml."""
-    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     out = {}
-    for name, spec in stages.items():
-        body = spec.get("do", spec)
+    for name, body in stage_bodies(root).items():
         match = re.search(r"python -m ([\w.]+)", body["cmd"])
-        if not match:
-            continue
-        out[name] = (
-            match.group(1),
-            [d if isinstance(d, str) else next(iter(d)) for d in body.get("deps", [])],
-        )
+        if match:
+            out[name] = (match.group(1), [entry_path(d) for d in body.get("deps", [])])
     return out
 
 

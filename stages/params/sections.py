@@ -3,7 +3,6 @@ before any other stage runs, and docs/params.md lists."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -43,16 +42,10 @@ def check_all(path: Path | str = PARAMS_FILE) -> None:
     for name in raw:
         if name not in SECTIONS:
             raise ParamsError(unknown_key(f"{path}:{name}", str(name), list(SECTIONS)))
-    for name, cls in SECTIONS.items():
+    for name, cls in SECTIONS.items():  # one left out is built from its defaults, as stages do
         if name == "datasets":
             read_datasets(path)
-        elif issubclass(cls, Section) and (
-            name in raw
-            or any(
-                f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-                for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-            )
-        ):
+        elif issubclass(cls, Section):
             cls.read(path)
     _check_layers(raw, path)
 
