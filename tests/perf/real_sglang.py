@@ -57,11 +57,14 @@ def params(work: Path, name: str, change: Callable[[dict], None]) -> Path:
 
 def stage(work: Path, name: str, module: str, *args: str, timeout_s: int = 900) -> str:
     """`python -m module args`, its output to work/<name>.log; raises with its tail on failure."""
-    log = work / f"{name}.log"
-    command = [sys.executable, "-m", module, *args]
+    return run_logged(work / f"{name}.log", [sys.executable, "-m", module, *args], ROOT, timeout_s)
+
+
+def run_logged(log: Path, command: list[str], cwd: Path, timeout_s: int = 900) -> str:
+    """`command` run in `cwd`, its output to `log`; raises with its tail on failure."""
     with log.open("w") as out:
         done = subprocess.run(
-            command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
+            command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
         )
     text = log.read_text()
     if done.returncode:
@@ -359,17 +362,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS))
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
-    args.work.mkdir(parents=True, exist_ok=True)
+    return run_paths({name: PATHS[name] for name in args.paths}, args.work, args.json_out)
+
+
+def run_paths(paths: dict[str, Callable[[Path], dict]], work: Path, json_out: Path | None) -> int:
+    """Each path in turn, one line of figures each (a path that fails is reported, the others
+    still run), the results written to `json_out` after each; 1 when any failed."""
+    work.mkdir(parents=True, exist_ok=True)
     from stages.capture.releases import installed_sglang_version
 
     version = installed_sglang_version()
-    print(f"SGLang {version}, work in {args.work}", flush=True)
+    print(f"SGLang {version}, work in {work}", flush=True)
     results = {}
-    for name in args.paths:
+    for name, path in paths.items():
         start = time.monotonic()
         try:
-            result = PATHS[name](args.work)
-        except Exception as err:  # a path that fails is reported, the others still run
+            result = path(work)
+        except Exception as err:
             result = {"passed": False, "error": f"{type(err).__name__}: {err}"}
         result["seconds"] = round(time.monotonic() - start, 1)
         results[name] = result
@@ -379,8 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for line in result.get("table", []):
             print(f"{'':18}{line}")
-        if args.json_out:
-            args.json_out.write_text(json.dumps({"sglang": version, "paths": results}, indent=2))
+        if json_out:
+            json_out.write_text(json.dumps({"sglang": version, "paths": results}, indent=2))
     return 0 if all(r["passed"] for r in results.values()) else 1
 
 

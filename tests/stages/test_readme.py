@@ -18,8 +18,8 @@ import yaml
 
 from stages.queries.session import catalog
 from tests.project import ROOT
+from tests.readme_text import README, readme_commands, section
 
-README = (ROOT / "README.md").read_text()
 BIN = Path(sys.executable).parent
 PATH = f"{BIN}:{os.environ['PATH']}"
 # The tools `make setup` installs whose options the README gives; vLLM and speculators the README
@@ -28,24 +28,6 @@ INSTALLED_TOOLS = ("eagle-pipeline", "dvc", "hf", "pre-commit", "torchrun")
 NOT_INSTALLED = {"vllm", "speculators", "until"}
 OPTION = re.compile(r"(?<![\w-])(--?[A-Za-z][\w-]*)")
 WORD = re.compile(r"[a-z][a-z-]*")
-
-
-def section(heading: str) -> str:
-    """The README's text under `heading`, up to the next heading of any level."""
-    start = README.index(f"{heading}\n")
-    end = README.find("\n#", start + len(heading))
-    return README[start : end if end >= 0 else None]
-
-
-def readme_commands() -> list[str]:
-    """Every command of the README: each code span, and each line of a bash block (continuation
-    lines joined, comments dropped), split at `&&`."""
-    spans = [" ".join(s.split()) for s in re.findall(r"(?<!`)`([^`]+)`(?!`)", README)]
-    lines = []
-    for block in re.findall(r"```bash\n(.*?)```", README, re.DOTALL):
-        for line in block.replace("\\\n", " ").splitlines():
-            lines.append(re.sub(r"(^|\s)#.*", "", line).strip())
-    return [c.strip() for text in spans + lines for c in text.split("&&") if c.strip()]
 
 
 def tool_uses() -> dict[tuple[str, ...], set[str]]:
