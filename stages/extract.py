@@ -412,7 +412,7 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = PARAMS_F
     if rank.main:
         metrics.write(report)
         print(summary("extract", metrics.to_json()))
-    parallel.stop(rank)
+    parallel.stop()
 
 
 if __name__ == "__main__":

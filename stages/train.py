@@ -215,7 +215,7 @@ def main(
                 f"{err}; a shard: rerun extract (it extracts a damaged shard again); a "
                 f"checkpoint: delete it to train from the start, or restore it"
             ) from None
-    parallel.stop(rank)
+    parallel.stop()
 
 
 def _train(

@@ -240,7 +240,7 @@ def main(
             print(f"[canary] {line}")
     if rank.world > 1:
         torch.distributed.barrier()
-    parallel.stop(rank)
+    parallel.stop()
     if report is not None and not report.passed:
         raise StageError(
             "canary failed: the captured features are not the target's recorded layers "

@@ -53,9 +53,12 @@ class Rank:
 
 
 def start(device: torch.device) -> tuple[Rank, torch.device]:
-    """(this process's rank, its device); a no-op outside torchrun."""
+    """(this process's rank, its device); a no-op outside torchrun. Under torchrun the process
+    group is started whatever the world size: SGLang's model runner, finding none, starts its own
+    over tcp://, which under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE) connects as a
+    client to a store nobody serves and waits until it times out."""
     rank = Rank(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
-    if rank.world > 1:
+    if rank.world > 1 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         for name, value in NCCL_ENV.items():  # NVLink multicast off, unless the user says otherwise
             os.environ.setdefault(name, value)
         torch.distributed.init_process_group(
@@ -67,8 +70,8 @@ def start(device: torch.device) -> tuple[Rank, torch.device]:
     return rank, device
 
 
-def stop(rank: Rank) -> None:
-    if rank.world > 1:
+def stop() -> None:
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 

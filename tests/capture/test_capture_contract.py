@@ -411,6 +411,35 @@ def test_shard_capture_without_buffers_runs_the_forwards_and_keeps_nothing(targe
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("release", RELEASES)
+def test_torchrun_of_one_rank_gives_the_runner_a_group(release, targets, tmp_path):
+    """`torchrun --nproc-per-node 1` (a one-GPU node following the README): the stage starts the
+    process group, so the runner does not start its own against torchrun's agent store."""
+    merged = write_merged(tmp_path / "merged")
+    where = fake_sglang.write_distribution(tmp_path / "dist", release)
+    params = tmp_path / "params.yaml"
+    extract = {"engine": "sglang", "layers": [3, 4, 6], "dtype": "float32", "shard_tokens": 60}
+    extract["sglang"] = {"tp_size": 1}
+    target = {"path": str(targets["deepseek"]), "device": "cpu"}
+    params.write_text(yaml.safe_dump({"target": target, "extract": extract}))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=f"{ROOT}:{fake_sglang.pythonpath(release, where)}",
+    )
+    out = tmp_path / "hidden"
+    cmd = [Path(sys.executable).parent / "torchrun", "--standalone", "--nproc-per-node", "1"]
+    cmd += ["-m", "stages.extract", "--params", params, "--merged", merged, "--out", out]
+    cmd += ["--report", tmp_path / "reports" / "extract.json"]
+    proc = subprocess.run(
+        list(map(str, cmd)), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_hidden_is_hf(targets["deepseek"], merged, out, [3, 4, 6])
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+@pytest.mark.parametrize("release", RELEASES)
 def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(release, targets, tmp_path):
     merged = write_merged(tmp_path / "merged")
     where = fake_sglang.write_distribution(tmp_path / "dist", release)

@@ -41,7 +41,9 @@ def record(event: str, **values: Any) -> None:
 
 def join_group(tp_size: int, pp_size: int, rank: int, port: int) -> None:
     """As SGLang's init_distributed_environment: an initialised default group is used as it is and
-    must hold tp_size x pp_size ranks in TP order; with none, one rank would start its own."""
+    must hold tp_size x pp_size ranks in TP order; with none, one rank starts its own over
+    tcp://, which under torchrun (its agent store) waits as a client for a store nobody serves
+    (torch's `_create_c10d_store`: seen hanging on an H200 with 0.5.17)."""
     if torch.distributed.is_initialized():
         world = torch.distributed.get_world_size()
         if world != tp_size * pp_size:
@@ -51,6 +53,11 @@ def join_group(tp_size: int, pp_size: int, rank: int, port: int) -> None:
             )
         if torch.distributed.get_rank() != rank:
             raise RuntimeError(f"tp_rank {rank} is not this process's rank")
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        raise RuntimeError(
+            f"would connect to tcp://127.0.0.1:{port} as a client of torchrun's agent store, "
+            f"which nobody serves there, and wait"
+        )
     elif tp_size * pp_size != 1:
         raise RuntimeError(
             f"would initialise {tp_size * pp_size} ranks at tcp://127.0.0.1:{port} and wait"
