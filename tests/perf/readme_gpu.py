@@ -243,8 +243,10 @@ def train(m: Machine) -> dict:
 
 
 def _dvclive_imports() -> bool:
+    """Whether dvclive's Live imports (a demo run's `dvclive/` folder imports as an empty
+    namespace package where no dvclive is installed)."""
     try:
-        import dvclive  # noqa: F401
+        from dvclive import Live  # noqa: F401
     except ImportError:
         return False
     return True
