@@ -36,6 +36,7 @@ from .artifacts import hidden
 from .artifacts.hidden import HiddenStates
 from .cli import PathOpt, StageError, params_key, run, summary
 from .drafter.export import check_export, export_drafter
+from .drafter.knobs import LoopKnobs
 from .drafter.layers import parse_version
 from .drafter.model import Eagle3Config, Eagle3Drafter, rope_serving_problem
 from .drafter.training import (
@@ -46,12 +47,13 @@ from .drafter.training import (
     train,
 )
 from .params.extract import ExtractParams
-from .params.schema import PARAMS_FILE, speed_only_keys
+from .params.schema import PARAMS_FILE
 from .params.target import TargetParams
 from .params.train import TrainParams
 from .reports.train import STORED, TrainReport
 from .runtime import parallel
 from .runtime.device import resolve_device, set_cpu_threads
+from .runtime.fields import speed_only_keys
 from .runtime.files import ChecksumError, remove_path, verify_checksum, write_csv, write_json
 from .runtime.outputs import LOCK_NAME, output_lock, remove_stale_temps, remove_stale_temps_around
 from .target_model.weights import embedding_and_head
@@ -70,21 +72,13 @@ def build_drafter(
     return drafter
 
 
-# The loop settings the params do not hold as such: derived from them.
-DERIVED_SETTINGS = ("total_steps", "warmup_steps", "compile")
-
-
 def settings(p: TrainParams, train_samples: int) -> LoopSettings:
-    """The loop's settings: each train key of the same name, and those derived from the keys."""
+    """The loop's settings: the knobs as params set them, and the steps derived from the keys."""
     steps_per_epoch = math.ceil(train_samples / p.batch_size)
     total = p.max_steps or max(1, math.ceil(steps_per_epoch * p.epochs))
-    same_name = {
-        f.name: getattr(p, f.name)
-        for f in dataclasses.fields(LoopSettings)
-        if f.name not in DERIVED_SETTINGS
-    }
+    knobs = {f.name: getattr(p, f.name) for f in dataclasses.fields(LoopKnobs)}
     return LoopSettings(
-        **same_name,
+        **knobs,
         total_steps=total,
         warmup_steps=max(1, int(total * p.warmup_ratio)),
         compile=p.compile is not False,

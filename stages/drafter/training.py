@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Protocol, TypedDict
 
@@ -25,6 +25,7 @@ from ..artifacts.hidden import HiddenStates, collate
 from ..runtime.files import atomic_path, verify_checksum
 from ..runtime.parallel import Rank
 from .fp8 import fp8_problem
+from .knobs import LoopKnobs
 from .model import Eagle3Drafter
 from .ttt import TTTMetrics, ttt_forward
 
@@ -108,25 +109,14 @@ class Objective(nn.Module):
         return counts.clamp(min=1) / self.world
 
 
-@dataclass
-class LoopSettings:
-    ttt_steps: int
-    decay: float
-    total_steps: int
-    batch_size: int
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    weight_decay: float
-    grad_clip: float
-    eval_every: int
-    eval_num_steps: int
-    eval_max_samples: int
-    checkpoint_every: int
-    seed: int
-    length_window: int = 1  # global batches whose samples are grouped by length (batch_order)
+@dataclass(frozen=True)
+class LoopSettings(LoopKnobs):
+    """The knobs as the user set them, and what the train stage derives from its own keys."""
+
+    _: KW_ONLY
+    total_steps: int  # from train.epochs or train.max_steps, and the training split's size
+    warmup_steps: int  # from train.warmup_ratio
     compile: bool = False  # on a GPU, the training steps run `compiled_objective`
-    fp8: bool = False  # the drafter's linear products in FP8 during training steps (fp8.py)
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:

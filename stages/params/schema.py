@@ -1,6 +1,7 @@
-"""What every section of params.yaml shares: `param()` (a key's default, help and range), the
-checks of types, ranges and unknown keys, and params.yaml read with the YAML rules DVC reads it by
-(YAML 1.2: `3e-3` is a number), so `dvc exp run -S` and the stages see the same values.
+"""What every section of params.yaml shares: `param()` (a key's default, help and range, from
+stages/runtime/fields.py), the checks of types, ranges and unknown keys, and params.yaml read
+with the YAML rules DVC reads it by (YAML 1.2: `3e-3` is a number), so `dvc exp run -S` and the
+stages see the same values.
 
 A wrong key or type fails before any work starts, with the dotted key path and what is expected,
 so a typo in params.yaml never silently falls back to a default.
@@ -14,13 +15,13 @@ import difflib
 import re
 import types
 import typing
-from dataclasses import field
 from pathlib import Path
 from typing import Any, Literal
 
 from ruamel.yaml import YAML, YAMLError
 
 from ..runtime.errors import ParamsError
+from ..runtime.fields import param as param  # each section declares its keys with it
 
 PARAMS_FILE = Path("params.yaml")
 DEVICE = r"auto|cpu|cuda|cuda:\d+"  # what torch.device takes here (stages/runtime/device.py)
@@ -41,32 +42,6 @@ def check_env_name(value: str | None, key: str) -> None:
         )
 
 
-def param(
-    default: Any = dataclasses.MISSING,
-    help: str = "",
-    *,
-    factory: Any = None,
-    ge: float | None = None,
-    gt: float | None = None,
-    le: float | None = None,
-    lt: float | None = None,
-    pattern: str | None = None,
-    speed_only: bool = False,
-) -> Any:
-    """One params.yaml key: its default, what it does (docs/params.md is generated from this
-    text by tools/params_doc.py), the range a number must lie in and the pattern a string must
-    match (checked with its type, by the check stage as by the stage that reads it), and whether
-    it changes only how fast a stage computes, not what it writes (`speed_only`: a run resumes
-    across an edit of it)."""
-    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt, "pattern": pattern}
-    metadata = {"help": help, **{k: v for k, v in bounds.items() if v is not None}}
-    if speed_only:
-        metadata["speed_only"] = True
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
-
-
 class Ranged:
     """Checks the ranges of its param() keys when built directly in code too (build() checks them
     first, with the key's whole dotted path); KEY names the section in such errors."""
@@ -77,11 +52,6 @@ class Ranged:
         prefix = self.KEY or type(self).__name__
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             _check_range(getattr(self, f.name), f, f"{prefix}.{f.name}")
-
-
-def speed_only_keys(cls: type) -> frozenset[str]:
-    """The keys of `cls` declared `speed_only`."""
-    return frozenset(f.name for f in dataclasses.fields(cls) if f.metadata.get("speed_only"))
 
 
 class Section(Ranged):

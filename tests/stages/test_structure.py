@@ -175,6 +175,7 @@ def stages_depending_on(path: str) -> set[str]:
     "module, stages",
     [
         ("stages/params/train.py", {"check", "train", "report"}),
+        ("stages/drafter/knobs.py", {"check", "train", "report"}),  # the loop's train keys
         ("stages/params/extract.py", {"check", "extract", "train"}),
         ("stages/params/benchmark.py", {"check", "benchmark"}),
         ("stages/params/merge.py", {"check", "merge"}),
@@ -189,7 +190,8 @@ def test_an_edit_to_one_sections_code_reruns_the_stages_that_read_it(module, sta
 
 def test_the_plumbing_every_stage_shares_is_small():
     """What every stage depends on: the entry point, the error types, the params' shared schema
-    and the atomic writes; no engine, no other section, no serving code."""
+    and its field declaration, and the atomic writes; no engine, no other section, no serving
+    code."""
     every = set(structure.stage_modules(ROOT))
     shared = {
         dep
@@ -202,6 +204,7 @@ def test_the_plumbing_every_stage_shares_is_small():
         "stages/cli.py",
         "stages/runtime/__init__.py",
         "stages/runtime/errors.py",
+        "stages/runtime/fields.py",
         "stages/runtime/files.py",
         "stages/params/__init__.py",
         "stages/params/schema.py",

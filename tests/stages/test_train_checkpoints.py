@@ -8,11 +8,10 @@ from dataclasses import replace
 
 import yaml
 
-from stages.drafter.training import LoopSettings
+from stages.drafter.knobs import LoopKnobs
 from stages.params.train import TrainParams
 from stages.train import (
     CHECKPOINT_FORMAT,
-    DERIVED_SETTINGS,
     EARLIER,
     SPEED_ONLY,
     run_identity,
@@ -98,16 +97,25 @@ def test_the_params_that_rerun_the_stage_are_the_ones_that_restart_training():
     assert set(SPEED_ONLY) <= fields
 
 
-def test_the_loop_settings_are_the_train_keys_of_their_name():
-    """Every loop setting is the train key of its name or one derived from the keys, so a knob the
-    loop reads is one field in each, copied by name; a value set in params reaches the loop."""
-    loop = {f.name for f in dataclasses.fields(LoopSettings)}
-    keys = {f.name for f in dataclasses.fields(TrainParams)}
-    assert loop - set(DERIVED_SETTINGS) <= keys
-    p = TrainParams(lr=3e-3, length_window=5, fp8=True, max_steps=40, warmup_ratio=0.5)
-    s = settings(p, train_samples=100)
-    assert (s.lr, s.length_window, s.fp8, s.total_steps, s.warmup_steps) == (3e-3, 5, True, 40, 20)
-    assert settings(TrainParams(compile=False), 100).compile is False
+def other_value(value):
+    """A valid value of a knob other than its default."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    return value / 2 if value else 0.5
+
+
+def test_every_knob_set_in_params_reaches_the_loop():
+    """Each of the loop's knobs is a train key (TrainParams inherits them), and a value set in
+    params is the value the loop reads; the derived steps come from the stage's own keys."""
+    changed = {f.name: other_value(f.default) for f in dataclasses.fields(LoopKnobs)}
+    s = settings(TrainParams(**changed), train_samples=100)
+    assert {name: getattr(s, name) for name in changed} == changed
+    s = settings(TrainParams(max_steps=40, warmup_ratio=0.5), train_samples=100)
+    assert (s.total_steps, s.warmup_steps, s.compile) == (40, 20, True)
+    s = settings(TrainParams(batch_size=8, epochs=2.0, compile=False), train_samples=100)
+    assert (s.total_steps, s.warmup_steps, s.compile) == (26, 1, False)
 
 
 def test_speed_only_is_the_fields_own_word():
