@@ -26,3 +26,11 @@ def readme_commands(text: str = README) -> list[str]:
         for line in block.replace("\\\n", " ").splitlines():
             lines.append(" ".join(re.sub(r"(^|\s)#.*", "", line).split()))
     return [c.strip() for text in spans + lines for c in text.split("&&") if c.strip()]
+
+
+def readme_command(start: str) -> str:
+    """The one README command that starts with `start`."""
+    found = [c for c in readme_commands() if c.startswith(start)]
+    if len(found) != 1:
+        raise LookupError(f"README.md: {len(found)} commands start with {start!r}, not one")
+    return found[0]

@@ -57,7 +57,7 @@ def report(
     """Rebuild the HTML report, metrics and model card from the current artifacts.
 
     The report stage's command with its paths from dvc.yaml, run outside DVC (`dvc repro
-    report` records its run; `dvc commit report` adopts a result made here).
+    report` records its run; `dvc commit -f report` adopts a result made here).
     """
     from .. import report as report_stage
 

@@ -45,7 +45,7 @@ from pathlib import Path
 import yaml
 
 from tests.perf.real_sglang import run_logged, run_paths
-from tests.readme_text import readme_commands
+from tests.readme_text import readme_command
 
 ROOT = Path(__file__).resolve().parents[2]
 # the copy leaves out what no command reads: tools' folders and the outputs the commands rewrite
@@ -62,14 +62,6 @@ COMMANDS = {
     "extract": "torchrun --standalone --nproc-per-node 8 -m stages.extract",
     "train": "torchrun --standalone --nproc-per-node 8 -m stages.train",
 }
-
-
-def readme_command(start: str) -> str:
-    """The one README command that starts with `start`."""
-    found = [c for c in readme_commands() if c.startswith(start)]
-    if len(found) != 1:
-        raise LookupError(f"README.md: {len(found)} commands start with {start!r}, not one")
-    return found[0]
 
 
 def as_run_here(command: str, target: str, gpus: int) -> list[str]:

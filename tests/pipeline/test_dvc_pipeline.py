@@ -4,12 +4,16 @@ project, up to merge and the quality gate, with a small budget of prompts."""
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.engines.conftest import free_port
 from tests.project import ROOT, copy_project, ran_stages, set_params, sh
+from tests.readme_text import readme_command
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow, pytest.mark.integration]
 
@@ -141,3 +145,18 @@ def contents(*roots):
     return {
         str(p): p.read_bytes() for root in roots for p in sorted(root.rglob("*")) if p.is_file()
     }
+
+
+def test_an_extraction_run_by_hand_is_recorded_by_the_readmes_commit_line(repo):
+    """Step 7 on a node: the extraction runs under torchrun, outside DVC; the README's `dvc
+    commit` line (run as written, with no terminal to answer a question) records it, and the
+    pipeline is up to date after it."""
+    sh(["dvc", "repro", "merge", "quality"], repo)
+    line = readme_command("torchrun --standalone --nproc-per-node 8 -m stages.extract")
+    words = shlex.split(line)
+    words[words.index("--nproc-per-node") + 1] = "1"
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    sh([torchrun, *words[1:]], repo)
+    assert "extract" in json.loads(sh(["dvc", "status", "--json", "extract"], repo).stdout)
+    sh(shlex.split(readme_command("dvc commit")), repo)  # stdin no terminal, as in a script
+    assert json.loads(sh(["dvc", "status", "--json", "extract"], repo).stdout) == {}
