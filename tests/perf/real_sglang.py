@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -60,6 +61,9 @@ def stage(work: Path, name: str, module: str, *args: str, timeout_s: int = 900) 
     return run_logged(work / f"{name}.log", [sys.executable, "-m", module, *args], ROOT, timeout_s)
 
 
+ERROR_LINE = re.compile(r"^(\[rank\d+\]: )?(error: |[\w.]*(Error|Exception)\b)")
+
+
 def run_logged(log: Path, command: list[str], cwd: Path, timeout_s: int = 900) -> str:
     """`command` run in `cwd`, its output to `log`; raises with its tail on failure."""
     with log.open("w") as out:
@@ -68,7 +72,10 @@ def run_logged(log: Path, command: list[str], cwd: Path, timeout_s: int = 900) -
         )
     text = log.read_text()
     if done.returncode:
-        tail = "\n".join(text.splitlines()[-25:])
+        lines = text.splitlines()
+        # under torchrun the launcher's own traceback comes last: the ranks' errors go first
+        errors = [line for line in lines if ERROR_LINE.match(line)]
+        tail = "\n".join(errors[-5:] + ["..."] + lines[-15:])
         raise RuntimeError(f"{shlex.join(command[1:])} exited {done.returncode}:\n{tail}")
     return text
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -51,3 +52,21 @@ def test_greedy_tau_leaves_the_prefill_token_out_of_the_served_figure():
     in_process = {"tau_greedy": 2.6, "temperatures": {"0.0": {"tau": 2.6}}}
     assert real_sglang.greedy_tau(served) == 2.7
     assert real_sglang.greedy_tau(in_process) == 2.6
+
+
+def test_a_failed_command_names_the_ranks_error_before_the_launchers_traceback(tmp_path):
+    """Under torchrun the launcher's traceback ends the log; the rank's own error is what a
+    reader needs, so it comes first in the failure."""
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import sys\n"
+        "print('[rank0]: ImportError: cannot import name Live')\n"
+        "for i in range(40):\n"
+        "    print(f'  File launcher.py, line {i}')\n"
+        "sys.exit(1)\n"
+    )
+    with pytest.raises(RuntimeError) as failed:
+        real_sglang.run_logged(tmp_path / "x.log", [sys.executable, str(script)], tmp_path)
+    message = str(failed.value)
+    assert message.index("ImportError: cannot import name Live") < message.index("line 39")
+    assert "line 10" not in message, "the tail is short"
