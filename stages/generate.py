@@ -62,6 +62,7 @@ FACT_SOURCES = {
     "regenerate": "datasets.<name>.prep.regenerate",
     "dtype": "target.dtype under the hf engine, the server's --dtype under sglang",
     "quantization": "the server's --quantization",
+    "kv_cache_dtype": "the server's --kv-cache-dtype, named only where it is not the model's dtype",
     "served_model": "the model the server serves (its /server_info model_path)",
 }
 
@@ -273,8 +274,8 @@ def changes(before: tuple[str, dict | None], now: dict) -> str:
             f"fingerprint {fp} (from before the facts were recorded), now {facts_fingerprint(now)}"
         )
     lines = []
-    for key, value in now.items():
-        was = facts.get(key)
+    for key in [*now, *(k for k in facts if k not in now)]:  # a fact now left out too
+        was, value = facts.get(key), now.get(key)
         if was == value:
             continue
         if isinstance(was, dict) and isinstance(value, dict):

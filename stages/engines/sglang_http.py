@@ -46,7 +46,12 @@ AUTH_STATUS = frozenset({401, 403})  # SGLang's --api-key answers 401: never ret
 JSON_HEADERS = {"Content-Type": "application/json"}
 INFO_PATHS = ("/server_info", "/get_server_info")  # the second is the older name
 # What a server's /server_info says that shapes its tokens, under the generation facts' names.
-SERVED_FACTS = {"served_model": "model_path", "dtype": "dtype", "quantization": "quantization"}
+SERVED_FACTS = {
+    "served_model": "model_path",
+    "dtype": "dtype",
+    "quantization": "quantization",
+    "kv_cache_dtype": "kv_cache_dtype",
+}
 
 
 def get_json(url: str, api_key: str | None, timeout_s: float) -> object:

@@ -46,12 +46,15 @@ def in_process_facts(target: TargetParams) -> dict:
     return {"served_model": None, "dtype": str(dtype).removeprefix("torch."), "quantization": None}
 
 
-SERVER_DTYPES = {"half": "float16", "float": "float32"}  # SGLang's --dtype aliases
+# SGLang's --dtype and --kv-cache-dtype aliases
+SERVER_DTYPES = {"half": "float16", "float": "float32", "bf16": "bfloat16"}
 
 
 def served_facts(reported: dict, target: TargetParams) -> dict:
-    """A server's facts with its --dtype resolved: `auto` as SGLang's rule runs the target's
-    config (drafter/serving_dtype.py), the aliases by their names."""
+    """A server's facts with its --dtype resolved (`auto` as SGLang's rule runs the target's
+    config, drafter/serving_dtype.py; the aliases by their names) and its --kv-cache-dtype named
+    only where the cache is not kept in that dtype: the KV cache the hf engine keeps, and every
+    fingerprint made before the KV cache's dtype was a fact."""
     dtype = reported.get("dtype")
     if dtype == "auto":
         with params_key("target"):
@@ -62,7 +65,12 @@ def served_facts(reported: dict, target: TargetParams) -> dict:
                     local_files_only=True,
                 )
             )
-    return {**reported, "dtype": SERVER_DTYPES.get(dtype, dtype) if dtype else None}
+    dtype = SERVER_DTYPES.get(dtype, dtype) if dtype else None
+    facts = {**reported, "dtype": dtype}
+    kv = facts.pop("kv_cache_dtype", None)
+    if kv not in (None, "auto") and SERVER_DTYPES.get(kv, kv) != dtype:
+        facts["kv_cache_dtype"] = kv
+    return facts
 
 
 def engine_facts(engine, target: TargetParams) -> dict:

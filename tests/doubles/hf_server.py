@@ -302,8 +302,11 @@ class HFServer:
         gather_s: float = 0.005,
         speculative: Speculative | None = None,
         api_key: str | None = None,
+        kv_cache_dtype: str = "auto",
     ):
         self.engine, self.model_path, self.eos_ids = engine, model_path, tuple(eos_ids)
+        self.kv_cache_dtype = kv_cache_dtype  # reported as SGLang reports it; the cache here is
+        # always the model's dtype
         self.api_key = api_key  # as SGLang's --api-key: a bearer token on every route but
         # /health and /metrics, else 401
         self.speculative = speculative
@@ -474,6 +477,7 @@ class HFServer:
             # the dtype it runs, as SGLang's answer after an explicit --dtype; no quantization
             "dtype": str(model.dtype).removeprefix("torch.") if model is not None else "auto",
             "quantization": None,
+            "kv_cache_dtype": self.kv_cache_dtype,
             "max_running_requests": self.max_running,
             "context_length": self.context_length if self.engine else None,
             **flags,
@@ -699,6 +703,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-queued-requests", type=int)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="reported in /server_info only")
     parser.add_argument("--trust-remote-code", action="store_true")
     parser.add_argument(
         "--api-key", help="as SGLang's: requests must carry `Authorization: Bearer <key>`"
@@ -708,7 +713,6 @@ def main(argv: list[str] | None = None) -> None:
         "--tp-size",
         "--dp-size",
         "--mem-fraction-static",
-        "--kv-cache-dtype",
         "--hicache-size",
     ):
         gpu_only.add_argument(flag)
@@ -733,6 +737,7 @@ def main(argv: list[str] | None = None) -> None:
         max_running_requests=args.max_running_requests,
         max_queued_requests=args.max_queued_requests,
         api_key=args.api_key,
+        kv_cache_dtype=args.kv_cache_dtype,
     ).start()
     print(f"hf_server: {server.url} loading {args.model_path}", flush=True)
     model = load_causal_lm(args.model_path, args.device, args.dtype, args.trust_remote_code)

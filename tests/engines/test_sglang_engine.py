@@ -227,7 +227,12 @@ def test_the_servers_facts_are_what_their_server_info_reports(serve, model):
     a, b = serve(model_path="/models/t"), serve(model_path="/models/t")
     facts = client(a.url, b.url).facts()
     dtype = str(model.dtype).removeprefix("torch.")
-    assert facts == {"served_model": "/models/t", "dtype": dtype, "quantization": None}
+    assert facts == {
+        "served_model": "/models/t",
+        "dtype": dtype,
+        "quantization": None,
+        "kv_cache_dtype": "auto",
+    }
     other = serve(model_path="/models/other")
     with pytest.raises(SGLangError, match=r"the servers report different models or settings"):
         client(a.url, other.url).facts()

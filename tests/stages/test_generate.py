@@ -170,9 +170,10 @@ class Served:
 
     name = "sglang"
 
-    def __init__(self, inner, dtype: str, model_path: str = "/models/stories"):
+    def __init__(self, inner, dtype: str, model_path: str = "/models/stories", kv: str = "auto"):
         self.inner = inner
         self.reported = dict(served_model=model_path, dtype=dtype, quantization=None)
+        self.reported["kv_cache_dtype"] = kv
 
     def facts(self) -> dict:
         return dict(self.reported)
@@ -253,6 +254,38 @@ def test_a_servers_dtype_is_read_as_sglang_runs_it():
         "bfloat16": "bfloat16",
         None: None,
     }
+
+
+def test_a_servers_kv_cache_dtype_is_a_fact_only_where_it_is_not_the_models():
+    """The cache in the model's dtype (auto, its alias, a server that does not say) leaves the
+    facts, and so the fingerprint of data generated before, as they were; another dtype is a
+    fact of its own."""
+    reported = dict(served_model="/m", dtype="bfloat16", quantization=None)
+    for same in ("auto", "bf16", "bfloat16", None):
+        assert served_facts({**reported, "kv_cache_dtype": same}, TARGET) == reported, same
+    assert served_facts(reported, TARGET) == reported
+    fp8 = served_facts({**reported, "kv_cache_dtype": "fp8_e5m2"}, TARGET)
+    assert fp8 == {**reported, "kv_cache_dtype": "fp8_e5m2"}
+    said = generate.changes(("f", fp8), reported)
+    assert "kv_cache_dtype 'fp8_e5m2' -> None (the server's --kv-cache-dtype" in said
+    said = generate.changes(("f", reported), fp8)
+    assert "kv_cache_dtype None -> 'fp8_e5m2'" in said
+
+
+@pytest.mark.slow
+def test_a_server_with_another_kv_cache_dtype_starts_over(tmp_path, prompts, engine, capsys):
+    """Replies from a server whose KV cache is fp8 are not the bf16 cache's: a rerun against it
+    generates again, naming the fact; one whose cache is the model's dtype keeps every turn."""
+    served, out = gen_params(engine="sglang"), tmp_path / "raw"
+    first = generate_dataset("d", prompts, out, served, 10**6, TARGET, Served(engine, "float32"))
+    same = Served(engine, "float32", kv="float32")
+    kept = generate_dataset("d", prompts, out, served, 10**6, TARGET, same)
+    assert kept.new_samples == 0 and kept.fingerprint == first.fingerprint
+    capsys.readouterr()
+    fp8 = Served(engine, "float32", kv="fp8_e5m2")
+    redone = generate_dataset("d", prompts, out, served, 10**6, TARGET, fp8)
+    assert redone.new_samples == 8 and redone.fingerprint != first.fingerprint
+    assert "kv_cache_dtype None -> 'fp8_e5m2'" in capsys.readouterr().out
 
 
 def test_rows_carry_the_contract(tmp_path, prompts, engine):
