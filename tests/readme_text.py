@@ -1,9 +1,12 @@
 """The README's text and the commands it gives, for the tests that hold it to the project and the
-GPU script that runs its GPU commands as written (tests/perf/readme_gpu.py)."""
+GPU script that runs its GPU commands as written (tests/perf/readme_gpu.py), each filled in only
+where a user fills it in for their machine."""
 
 from __future__ import annotations
 
 import re
+import shlex
+import sys
 
 from tests.project import ROOT
 
@@ -34,3 +37,16 @@ def readme_command(start: str) -> str:
     if len(found) != 1:
         raise LookupError(f"README.md: {len(found)} commands start with {start!r}, not one")
     return found[0]
+
+
+def as_run_here(command: str, target: str, gpus: int) -> list[str]:
+    """The README's `command` with this machine's values: `<target>`, the GPUs per node, and this
+    interpreter for `python` and `torchrun`."""
+    words = [target if w == "<target>" else w for w in shlex.split(command)]
+    if "--nproc-per-node" in words:
+        words[words.index("--nproc-per-node") + 1] = str(gpus)
+    if words[0] == "python":
+        words[0] = sys.executable
+    elif words[0] == "torchrun":
+        words[:1] = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` script's body
+    return words

@@ -408,32 +408,36 @@ def test_shard_capture_without_buffers_runs_the_forwards_and_keeps_nothing(targe
 # --- torchrun: one TP group, rank 0 writes ---------------------------------------------------
 
 
+def torchrun_extract(tmp_path, release, targets, nproc, sglang, entry, **env) -> tuple:
+    """`torchrun --nproc-per-node nproc` of the extract stage (`entry`: `-m` or a wrapper
+    script) with the sglang engine of the stand-in of `release` on the DeepSeek-V3 target;
+    (the merged samples, the hidden states' folder)."""
+    merged = write_merged(tmp_path / "merged")
+    where = fake_sglang.write_distribution(tmp_path / "dist", release)
+    params = tmp_path / "params.yaml"
+    extract = {"engine": "sglang", "layers": [3, 4, 6], "dtype": "float32", "shard_tokens": 60}
+    target = {"path": str(targets["deepseek"]), "device": "cpu"}
+    params.write_text(yaml.safe_dump({"target": target, "extract": {**extract, "sglang": sglang}}))
+    pythonpath = f"{ROOT}:{fake_sglang.pythonpath(release, where)}"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath, **env)
+    out = tmp_path / "hidden"
+    cmd = [Path(sys.executable).parent / "torchrun", "--standalone", "--nproc-per-node", nproc]
+    cmd += [entry, "stages.extract", "--params", params, "--merged", merged, "--out", out]
+    cmd += ["--report", tmp_path / "reports" / "extract.json"]
+    proc = subprocess.run(
+        list(map(str, cmd)), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return merged, out
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("release", RELEASES)
 def test_torchrun_of_one_rank_gives_the_runner_a_group(release, targets, tmp_path):
     """`torchrun --nproc-per-node 1` (a one-GPU node following the README): the stage starts the
     process group, so the runner does not start its own against torchrun's agent store."""
-    merged = write_merged(tmp_path / "merged")
-    where = fake_sglang.write_distribution(tmp_path / "dist", release)
-    params = tmp_path / "params.yaml"
-    extract = {"engine": "sglang", "layers": [3, 4, 6], "dtype": "float32", "shard_tokens": 60}
-    extract["sglang"] = {"tp_size": 1}
-    target = {"path": str(targets["deepseek"]), "device": "cpu"}
-    params.write_text(yaml.safe_dump({"target": target, "extract": extract}))
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=f"{ROOT}:{fake_sglang.pythonpath(release, where)}",
-    )
-    out = tmp_path / "hidden"
-    cmd = [Path(sys.executable).parent / "torchrun", "--standalone", "--nproc-per-node", "1"]
-    cmd += ["-m", "stages.extract", "--params", params, "--merged", merged, "--out", out]
-    cmd += ["--report", tmp_path / "reports" / "extract.json"]
-    proc = subprocess.run(
-        list(map(str, cmd)), cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    merged, out = torchrun_extract(tmp_path, release, targets, 1, {"tp_size": 1}, "-m")
     assert_hidden_is_hf(targets["deepseek"], merged, out, [3, 4, 6])
 
 
@@ -441,48 +445,19 @@ def test_torchrun_of_one_rank_gives_the_runner_a_group(release, targets, tmp_pat
 @pytest.mark.integration
 @pytest.mark.parametrize("release", RELEASES)
 def test_torchrun_tensor_parallel_ranks_only_rank_0_writes(release, targets, tmp_path):
-    merged = write_merged(tmp_path / "merged")
-    where = fake_sglang.write_distribution(tmp_path / "dist", release)
-    params = tmp_path / "params.yaml"
-    params.write_text(
-        yaml.safe_dump(
-            {
-                "target": {"path": str(targets["deepseek"]), "device": "cpu"},
-                "extract": {
-                    "engine": "sglang",
-                    "layers": [3, 4, 6],
-                    "dtype": "float32",
-                    "shard_tokens": 60,
-                    "sglang": {"tp_size": 2, "ep_size": 2, "max_tokens_per_forward": 64},
-                },
-            }
-        )
-    )
     record = tmp_path / "record"
     record.mkdir()
-    env = dict(
-        os.environ,
-        OMP_NUM_THREADS="1",
-        PYTHONPATH=f"{ROOT}:{fake_sglang.pythonpath(release, where)}",
+    merged, out = torchrun_extract(
+        tmp_path,
+        release,
+        targets,
+        2,
+        {"tp_size": 2, "ep_size": 2, "max_tokens_per_forward": 64},
+        ROOT / "tests" / "dist_fixtures" / "record_writes.py",
         RECORD_DIR=str(record),
         RECORD_ROOT=str(tmp_path),
         FAKE_SGLANG_RECORD=str(tmp_path / "fake-{rank}.jsonl"),
     )
-    out = tmp_path / "hidden"
-    cmd = [
-        str(Path(sys.executable).parent / "torchrun"),
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        str(ROOT / "tests" / "dist_fixtures" / "record_writes.py"),
-        "stages.extract",
-        *("--params", params, "--merged", merged, "--out", out),
-        *("--report", tmp_path / "reports" / "extract.json"),
-    ]
-    proc = subprocess.run(
-        list(map(str, cmd)), cwd=tmp_path, env=env, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
     def written(rank: int) -> list[str]:
         log = record / f"writes-{rank}.tsv"

@@ -18,10 +18,11 @@ what changes is only what a user changes for their machine, printed beside each 
 The commands:
 
 - serve: "Serving the drafter"'s SGLang line (its default port), then one greedy /generate per
-  prompt (4 a dataset): every reply must come back and the server must have speculated, accepting
-  more than one token per verify step (meta_info `completion_tokens` / `spec_verify_ct`).
+  prompt (4 a dataset) through the served benchmark's client: every reply must come back and the
+  server must have speculated, accepting more than one token per verify step (its tau).
   `--extra-server-args` is appended where the SGLang installed lacks what the line needs (the
-  device bundles leave out deep_gemm, which 0.5.17's draft worker needs for CUDA graphs).
+  device bundles leave out deep_gemm, which 0.5.17's draft worker needs for CUDA graphs);
+  `--server-module tests.doubles.hf_server` serves it with the CPU stand-in instead.
 - canary: step 7's `torchrun ... -m stages.commands.canary`, with `extract.canary.reference hf` and
   without `--load-reference`: the http reference it loads is served only by SGLang 0.5.23
   (`--enable-return-aux-hidden-states`), so the reference is the hf model on the GPU.
@@ -38,20 +39,23 @@ import json
 import shlex
 import shutil
 import sys
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
+from stages.engines import Sampling
+from stages.engines.sglang_http import SGLangEngine
+from stages.serving.bench import ServerRun, acceptance, measure
+from stages.serving.launch import server_url, start_server
 from tests.perf.real_sglang import run_logged, run_paths
-from tests.readme_text import readme_command
+from tests.readme_text import as_run_here, readme_command
 
 ROOT = Path(__file__).resolve().parents[2]
 # the copy leaves out what no command reads: tools' folders and the outputs the commands rewrite
 LEFT_OUT = {".git", ".venv", ".device", ".sglang-releases", ".dvc", "dvc_plots", "dvclive"}
 LEFT_OUT_PATHS = {"data/hidden", "models/checkpoints"}
-SERVER_URL = "http://127.0.0.1:30000"  # sglang.launch_server's default host and port
+DEFAULT_PORT = 30000  # sglang.launch_server's, on 127.0.0.1
 PROMPTS_PER_DATASET = 4
 MAX_NEW_TOKENS = 128
 TRAIN_STEPS = 40
@@ -62,19 +66,6 @@ COMMANDS = {
     "extract": "torchrun --standalone --nproc-per-node 8 -m stages.extract",
     "train": "torchrun --standalone --nproc-per-node 8 -m stages.train",
 }
-
-
-def as_run_here(command: str, target: str, gpus: int) -> list[str]:
-    """The README's `command` with this machine's values: `<target>`, the GPUs per node, and the
-    interpreter that runs this script for `python`."""
-    words = [target if w == "<target>" else w for w in shlex.split(command)]
-    if "--nproc-per-node" in words:
-        words[words.index("--nproc-per-node") + 1] = str(gpus)
-    if words[0] == "python":
-        words[0] = sys.executable
-    elif words[0] == "torchrun":
-        words[:1] = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` script's body
-    return words
 
 
 def gpu_params(p: dict, gpus: int) -> dict:
@@ -115,13 +106,13 @@ def workspace(work: Path, gpus: int) -> Path:
 class Machine:
     """The GPUs here, the work folder and the repository copy the commands run in."""
 
-    def __init__(self, work: Path, extra_server_args: list[str]):
+    def __init__(self, work: Path, extra_server_args: list[str], server_module: str):
         import torch
 
         self.gpus = max(1, torch.cuda.device_count())
         self.work = work
         self.repo = workspace(work, self.gpus)
-        self.extra_server_args = extra_server_args
+        self.extra_server_args, self.server_module = extra_server_args, server_module
         self.target = yaml.safe_load((self.repo / "params.yaml").read_text())["target"]["path"]
 
     def run(self, name: str, command: list[str], timeout_s: int = 900) -> str:
@@ -133,58 +124,49 @@ class Machine:
 
 
 def serve(m: Machine) -> dict:
-    from stages.serving.launch import start_server
-
+    """The README's line served; the requests and the acceptance arithmetic are the served
+    benchmark's own (stages/serving/bench.py), so a reply that aborts or a server that does not
+    speculate fails here as it fails there."""
     line = readme_command(COMMANDS["serve"])
     command = as_run_here(line, m.target, m.gpus) + m.extra_server_args
-    print(f"[serve] {shlex.join(command)}", flush=True)
-    log = m.work / "serve.log"
-    server = start_server(command, SERVER_URL, health_timeout_s=900, log_path=log)
+    command[command.index("-m") + 1] = m.server_module
+    port = int(command[command.index("--port") + 1]) if "--port" in command else DEFAULT_PORT
+    url = server_url("127.0.0.1", port)
+    server = start_server(command, url, health_timeout_s=900, log_path=m.work / "serve.log")
     try:
-        replies = [generate(ids) for ids in demo_prompts(m.repo)]
+        engine = SGLangEngine([url], concurrency=4, timeout_s=300)
+        run = measure(engine, demo_prompts(m.repo), Sampling(max_new_tokens=MAX_NEW_TOKENS))
     finally:
         server.stop()
-    return served_figures(replies, m.report("benchmark"))
+    return served_figures(run, m.report("benchmark"))
 
 
-def demo_prompts(repo: Path) -> list[list[int]]:
+def demo_prompts(repo: Path) -> list[tuple[str, list[int]]]:
+    """The first PROMPTS_PER_DATASET prompts of each dataset, as (sample id, prompt ids)."""
     import pyarrow.parquet as pq
 
-    prompts = []
+    requests = []
     for path in sorted((repo / "data" / "prompts").glob("*.parquet")):
-        column = pq.read_table(path, columns=["prompt_ids"])["prompt_ids"]
-        prompts += column.to_pylist()[:PROMPTS_PER_DATASET]
-    return prompts
+        table = pq.read_table(path, columns=["sample_id", "prompt_ids"])
+        rows = table.slice(0, PROMPTS_PER_DATASET).to_pylist()
+        requests += [(row["sample_id"], row["prompt_ids"]) for row in rows]
+    return requests
 
 
-def generate(ids: list[int]) -> dict:
-    body = {
-        "input_ids": ids,
-        "sampling_params": {"temperature": 0.0, "max_new_tokens": MAX_NEW_TOKENS},
-    }
-    request = urllib.request.Request(
-        f"{SERVER_URL}/generate",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=300) as reply:
-        return json.loads(reply.read())
-
-
-def served_figures(replies: list[dict], benchmark: dict) -> dict:
-    """Every reply has tokens and the server verified drafts, accepting more than one token per
-    verify step on the whole; beside it the demo's in-process tau for reference."""
-    tokens = sum(r["meta_info"]["completion_tokens"] for r in replies)
-    verify = sum(r["meta_info"].get("spec_verify_ct", 0) for r in replies)
-    answered = sum(bool(r.get("output_ids")) for r in replies)
-    accept = round(tokens / verify, 4) if verify else None
+def served_figures(run: ServerRun, benchmark: dict) -> dict:
+    """Every reply has tokens and the server accepted more than one token per verify step on the
+    whole (a server that does not speculate is refused by `acceptance`); beside it the demo's
+    in-process tau for reference."""
+    accepted = acceptance(run)
+    answered = sum(bool(r.completion.output_ids) for r in run.replies)
     return {
-        "passed": answered == len(replies) > 0 and accept is not None and accept > 1.0,
-        "replies": len(replies),
+        "passed": answered == accepted.requests > 0 and accepted.tau > 1.0,
+        "replies": accepted.requests,
         "answered": answered,
-        "tokens": tokens,
-        "verify_steps": verify,
-        "accept_length": accept,
+        "tokens": accepted.completion_tokens,
+        "verify_steps": accepted.verify_steps,
+        "accept_length": round(accepted.tau, 4),
+        "without_prefill": round(accepted.tau_excluding_prefill, 4),
         "demo_tau_in_process": benchmark.get("tau_greedy"),
     }
 
@@ -257,10 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/readme-gpu"))
     parser.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS))
     parser.add_argument("--extra-server-args", default="", help="appended to the serve line")
+    parser.add_argument(
+        "--server-module",
+        default="sglang.launch_server",
+        help="the serve line's module (tests.doubles.hf_server: the CPU stand-in)",
+    )
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     args.work.mkdir(parents=True, exist_ok=True)
-    machine = Machine(args.work.resolve(), shlex.split(args.extra_server_args))
+    extra = shlex.split(args.extra_server_args)
+    machine = Machine(args.work.resolve(), extra, args.server_module)
     paths = {name: (lambda _, f=PATHS[name]: f(machine)) for name in args.paths}
     return run_paths(paths, args.work, args.json_out)
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.engines.conftest import free_port
 from tests.project import ROOT, copy_project, ran_stages, set_params, sh
-from tests.readme_text import readme_command, readme_commands
+from tests.readme_text import as_run_here, readme_command, readme_commands
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow, pytest.mark.integration]
 
@@ -153,10 +151,7 @@ def test_an_extraction_run_by_hand_is_recorded_by_the_readmes_commit_line(repo):
     pipeline is up to date after it."""
     sh(["dvc", "repro", "merge", "quality"], repo)
     line = readme_command("torchrun --standalone --nproc-per-node 8 -m stages.extract")
-    words = shlex.split(line)
-    words[words.index("--nproc-per-node") + 1] = "1"
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    sh([torchrun, *words[1:]], repo)
+    sh(as_run_here(line, "<target>", 1), repo)
     assert "extract" in json.loads(sh(["dvc", "status", "--json", "extract"], repo).stdout)
     commit = next(c for c in readme_commands() if c.startswith("dvc commit") and "extract" in c)
     sh(shlex.split(commit), repo)  # stdin no terminal, as in a script
