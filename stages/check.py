@@ -9,17 +9,20 @@ nothing downstream.
 
 Beyond the keys' types it checks what a later stage would otherwise find out with a path in its
 error instead of the key: every file params.yaml names exists, every dataset format has an
-adapter, `train.sglang_version` is a release number.
+adapter, the sglang capture engine's target has no Mamba or linear-attention layers,
+`train.sglang_version` is a release number.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from .cli import PathOpt, run
 from .drafter.layers import parse_version
 from .params.benchmark import BenchmarkParams, BenchmarkSource
 from .params.datasets import PrepParams, read_datasets
+from .params.extract import ExtractParams
 from .params.schema import PARAMS_FILE
 from .params.sections import check_all
 from .params.target import TargetParams
@@ -27,6 +30,7 @@ from .params.train import TrainParams
 from .reports.check import CheckReport
 from .runtime.errors import ParamsError
 from .sources import FORMATS
+from .target_model.architecture import recurrent_model_type
 
 
 def main(out: PathOpt, params: Path = PARAMS_FILE) -> None:
@@ -43,6 +47,7 @@ def check_inputs(params: Path) -> None:
     exists(params, "target.path", target.path, "the target's local Hugging Face directory")
     if target.chat_template:
         exists(params, "target.chat_template", target.chat_template, "a Jinja template file")
+    check_capture_target(params, target.path)
     sources: dict[str, PrepParams | BenchmarkSource] = {
         f"datasets.{n}.prep": d.prep for n, d in read_datasets(params).items()
     }
@@ -61,6 +66,23 @@ def check_inputs(params: Path) -> None:
             parse_version(version)
         except ValueError as err:
             raise ParamsError(f"{params}:train.sglang_version: {err} (or null)") from None
+
+
+def check_capture_target(params: Path, path: str) -> None:
+    """The sglang capture engine runs SGLang's model runner without the scheduler that sets up a
+    Mamba or linear-attention target's state pool: such a target is refused here."""
+    if ExtractParams.read(params).engine != "sglang" or not (Path(path) / "config.json").exists():
+        return
+    model_type = recurrent_model_type(path)
+    if model_type is not None:
+        config = json.loads((Path(path) / "config.json").read_text())
+        architecture = (config.get("architectures") or ["?"])[0]
+        raise ParamsError(
+            f"{params}:extract.engine: sglang cannot capture {path} ({architecture}, model "
+            f"type {model_type}): its Mamba / linear-attention layers need the state pool "
+            f"SGLang's scheduler sets up, which the capture engine does not build; use "
+            f"extract.engine hf"
+        )
 
 
 def exists(params: Path, key: str, value: str, what: str) -> None:

@@ -181,6 +181,32 @@ def kimi_heads_target(out: Path, **overrides) -> Path:
     return save_target(build_target(cfg, dtype=torch.bfloat16), out, max_shard_size="500MB")
 
 
+def tiny_vision_config(text_hidden_size: int) -> dict:
+    """A one-layer MoonViT vision tower and its projector, with every key SGLang's
+    KimiK25VisionConfig takes and its MoonViT and projector read (the tower under both its own
+    names and Kimi-K2.5's `vt_` ones, as the real config.json has the latter): what SGLang
+    builds beside the language model; its weights are not in the checkpoint (the capture never
+    runs the tower)."""
+    tower = dict(hidden_size=64, intermediate_size=128, num_attention_heads=2, num_hidden_layers=1)
+    return {
+        **tower,
+        **{f"vt_{key}": value for key, value in tower.items()},
+        "patch_size": 14,
+        "init_pos_emb_height": 8,
+        "init_pos_emb_width": 8,
+        "init_pos_emb_time": 4,
+        "pos_emb_type": "divided_fixed",
+        "merge_kernel_size": [2, 2],
+        "video_attn_type": "spatial_temporal",
+        "merge_type": "sd2_tpool",
+        "mm_projector_type": "patchmerger",
+        "mm_hidden_size": tower["hidden_size"],
+        "projector_hidden_act": "gelu",
+        "projector_ln_eps": 1e-5,
+        "text_hidden_size": text_hidden_size,
+    }
+
+
 def k25_layout(src: Path, out: Path) -> Path:
     """The weights of an HF DeepSeek-V3 checkpoint in Kimi-K2.5's layout: a multimodal wrapper
     config (`KimiK25ForConditionalGeneration`, the language model under `text_config`) and every
@@ -193,7 +219,7 @@ def k25_layout(src: Path, out: Path) -> Path:
         "architectures": ["KimiK25ForConditionalGeneration"],
         "model_type": "kimi_k25",
         "text_config": text,
-        "vision_config": {"model_type": "moonvit"},
+        "vision_config": tiny_vision_config(int(text["hidden_size"])),
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     weight_map: dict[str, str] = {}

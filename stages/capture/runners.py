@@ -13,13 +13,15 @@ What changes, and where:
   with attention's decode-context-parallel rank from 0.5.18); SGLang's bootstrap after
   `publish(..., ranks=SpawnRanks(...))` (0.5.21-0.5.23).
 - ServerArgs: resolved in `__post_init__` (to 0.5.18); by `resolve_once()` and published, the
-  runner refusing unpublished ones (0.5.19 on); the aux-hidden-states switch (0.5.23).
+  runner refusing unpublished ones (0.5.19 on), read through `resolving_view` for the ranks and
+  the pool (0.5.19-0.5.20, as their driver reads them); the aux-hidden-states switch (0.5.23).
 - kernel configs: the MoE, FP8 and FP4 initialisers take the server args (to 0.5.18), read the
   published ones (0.5.19 on), with BF16's beside them (0.5.22 on).
 - a request's extent: `fill_len` (0.5.14), `set_extend_range` (0.5.15-0.5.21), `extend_end`.
 - the capture mode: on the ScheduleBatch (to 0.5.15), a ForwardBatch.init_new keyword after.
 - capture ids and final state: `set_eagle3_layers_to_capture` and the logits processor's input
-  (to 0.5.22); the switch's resolved settings and `last_hidden_states` (0.5.23).
+  (to 0.5.22; a multimodal wrapper's, Kimi-K2.5's, is its language model's); the switch's
+  resolved settings and `last_hidden_states` (0.5.23).
 
 The releases group by how the runner gets its ranks (the model-runner API): keywords of
 `ModelRunner` (`RanksRunner`, 0.5.14-0.5.15), a `ParallelState` (`ParallelStateRunner`,
@@ -82,10 +84,22 @@ class RunnerSettings:
         return self.rank // (self.tp_size // self.ep_size)
 
 
+@dataclass(frozen=True)
+class NothingEvicted:
+    """What an eviction freed (SGLang's EvictResult fields, which the releases that read it
+    read): nothing, since nothing is cached."""
+
+    num_tokens_evicted: int = 0
+    swa_num_tokens_evicted: int = 0
+    mamba_num_evicted: int = 0
+
+
 class PrefillOnlyCache:
     """The tree cache a prefill-only batch needs: no prefix is ever shared, so it only hands the
     KV allocator to `prepare_for_extend` and evicts nothing (the releases' drivers run their
-    forwards over the same)."""
+    forwards over the same). It has every method of the releases' `BasePrefixCache` that their
+    prefill path and its out-of-memory path call (tests/sglang_contract/tree_cache.py), so a
+    full pool ends in SGLang's own message."""
 
     def __init__(self, page_size: int, device: Any, token_to_kv_pool_allocator: Any):
         self.page_size = page_size
@@ -107,8 +121,34 @@ class PrefillOnlyCache:
     def is_tree_cache(self) -> bool:
         return True
 
-    def evict(self, params: Any) -> None:
+    def evict(self, params: Any) -> NothingEvicted:
         """Nothing is cached, so nothing to evict."""
+        return NothingEvicted()
+
+    def evict_for_alloc(
+        self, params: Any, *, allocation_reclaim_satisfied: Any = None
+    ) -> NothingEvicted:
+        """0.5.19 on, before an allocation the pool cannot hold: nothing to free."""
+        return NothingEvicted()
+
+    def available_and_evictable_str(self) -> str:
+        """The out-of-memory message's line: the allocator's free tokens, none evictable."""
+        available = self.token_to_kv_pool_allocator.available_size()
+        return f"Available tokens: {available} ({available=} + evictable_size=0)\n"
+
+    def pretty_print(self) -> None:
+        """The out-of-memory path prints the tree: there is none."""
+
+    def rotation_base_of(self, node: Any) -> None:
+        """Sharded pages: no chain holds a base here (a request without a prefix starts one)."""
+        return None
+
+    def prefix_device_indices(self, req: Any) -> Any:
+        """Only a request with a cached prefix asks; none has one here."""
+        raise RuntimeError(
+            f"request {req.rid}: a prefill-only capture caches no prefix, yet it has "
+            f"{req.prefix_len} prefix tokens"
+        )
 
     def maybe_hand_to_session(self, req: Any) -> None:
         """No sessions."""
@@ -263,11 +303,15 @@ class ParallelStateRunner(CaptureModeKeyword, ReleaseRunner):
     def parallel_state(self, s: RunnerSettings) -> Any:
         raise NotImplementedError
 
+    def settings(self) -> Any:
+        """The server args as the release's driver reads them for the ranks and the pool."""
+        return self.server_args
+
     def attention_ranks(self, s: RunnerSettings) -> tuple[int, int, int, int]:
         """(attention tp rank and size, dp rank and size), as the driver's load_model has them."""
         from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
 
-        args = self.server_args
+        args = self.settings()
         return compute_dp_attention_world_info(
             args.enable_dp_attention, s.rank, args.tp_size, args.dp_size, args.attn_cp_size
         )
@@ -278,7 +322,7 @@ class ParallelStateRunner(CaptureModeKeyword, ReleaseRunner):
 
         self.runner = ModelRunner(
             model_config=ModelConfig.from_server_args(self.server_args),
-            mem_fraction_static=self.server_args.mem_fraction_static,
+            mem_fraction_static=self.settings().mem_fraction_static,
             gpu_id=s.local_rank,
             ps=self.parallel_state(s),
             nccl_port=free_port(),
@@ -406,18 +450,26 @@ class PublishedServerArgs:
         initialize_fp8_gemm_config()
         initialize_fp4_gemm_config()
 
+    def settings(self) -> Any:
+        """Read as the driver reads them, through `resolving_view`, so that a value a
+        model-specific override declared during resolution is seen (the fields keep the raw
+        input)."""
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        return resolving_view(self.server_args)
+
 
 class DcpSize:
     """0.5.16-0.5.17: the ParallelState of the driver's load_model, decode context parallel as
     one size."""
 
-    server_args: Any
+    settings: Callable[[], Any]  # the group's
     attention_ranks: Callable[[RunnerSettings], tuple[int, int, int, int]]  # the group's
 
     def parallel_state(self, s: RunnerSettings) -> Any:
         from sglang.srt.distributed.parallel_state_wrapper import ParallelState
 
-        args = self.server_args
+        args = self.settings()
         attn_tp_rank, attn_tp_size, attn_dp_rank, attn_dp_size = self.attention_ranks(s)
         return ParallelState(
             tp_rank=s.rank,
@@ -444,13 +496,13 @@ class DcpSize:
 class DcpRanks:
     """0.5.18-0.5.20: the same with the decode-context-parallel rank and size of attention."""
 
-    server_args: Any
+    settings: Callable[[], Any]  # the group's
     attention_ranks: Callable[[RunnerSettings], tuple[int, int, int, int]]  # the group's
 
     def parallel_state(self, s: RunnerSettings) -> Any:
         from sglang.srt.distributed.parallel_state_wrapper import ParallelState
 
-        args = self.server_args
+        args = self.settings()
         attn_tp_rank, attn_tp_size, attn_dp_rank, attn_dp_size = self.attention_ranks(s)
         return ParallelState(
             tp_rank=s.rank,
@@ -528,9 +580,17 @@ class HookedFinalState:
         """The logits processor's input (input_ids, hidden_states, ...) is the post-norm state."""
         self._final = args[1]
 
+    def language_model(self) -> Any:
+        """The model whose logits processor takes the post-norm state: the runner's model, or
+        the language model a multimodal wrapper holds (Kimi-K2.5's
+        KimiK25ForConditionalGeneration has no logits processor of its own; it forwards the
+        capture ids to its language model)."""
+        model = self.runner.model
+        return model if hasattr(model, "logits_processor") else model.language_model
+
     def set_capture(self, s: RunnerSettings) -> None:
         self.runner.model.set_eagle3_layers_to_capture(list(s.layer_ids))
-        self.runner.model.logits_processor.register_forward_pre_hook(self.keep_final)
+        self.language_model().logits_processor.register_forward_pre_hook(self.keep_final)
 
     def forward(self, schedule: Any) -> tuple[Any, Any]:
         self._final = None

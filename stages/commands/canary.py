@@ -8,6 +8,9 @@ params `target` and `extract` (engine, layers, dtype, sglang, canary). The secon
 (`extract.canary.reference`):
 - `hf`: the target in transformers on `extract.canary.hf_device` (a target that fits), with the
   layers next to each recorded one, so a capture shifted by one layer is named as such;
+  `--reference-path DIR` loads the same weights from another checkpoint, for a target whose
+  own class transformers cannot load (Kimi-K2.5's multimodal wrapper: its language model saved
+  as a plain DeepseekV3ForCausalLM);
 - `http`: a SGLang >= 0.5.23 server at `extract.canary.url` launched with
   --enable-return-aux-hidden-states (the flags are printed), aux layers only. Where the server
   and the engine cannot hold the target at the same time (one node), fetch the server's states
@@ -120,17 +123,20 @@ def run_canary(
     target: TargetParams,
     sglang_version: str | None = None,
     served: tuple[torch.Tensor, torch.Tensor] | None = None,
+    reference_path: str | None = None,
 ) -> CanaryReport | None:
     """Capture `samples` and compare them with the reference (`served`: the server's aux states
-    one request at a time and all at once, fetched before); None on a process that does not
-    write (its forwards are part of the tensor-parallel group's)."""
+    one request at a time and all at once, fetched before; `reference_path`: the hf reference's
+    checkpoint, when not the target's); None on a process that does not write (its forwards
+    are part of the tensor-parallel group's)."""
     aux, last = collect(capture, samples)
     if not capture.role.writes:
         return None
     c, indices, hidden = ext.canary, capture.aux_indices, capture.hidden_size
     if c.reference == "hf":
         with params_key("target"):
-            model = load_causal_lm(target.path, c.hf_device, target.dtype, target.trust_remote_code)
+            path = reference_path or target.path
+            model = load_causal_lm(path, c.hf_device, target.dtype, target.trust_remote_code)
         wanted = neighbourhood(indices, capture.num_layers)
         reference, ref_last = hf_reference(model, samples, wanted)
         rebatched, re_last = hf_reference(model, samples, wanted, batched=True)
@@ -191,6 +197,19 @@ def load_served(
     return saved["aux"], saved["aux_all_at_once"]
 
 
+def refuse_other_references(
+    c: ExtractCanaryParams, served_file: Path | None, reference_path: Path | None
+) -> None:
+    """Each option belongs to one reference: a file of served states to http, a checkpoint to
+    hf."""
+    if served_file and c.reference != "http":
+        raise StageError(
+            "--save-reference / --load-reference: extract.canary.reference is not http"
+        )
+    if reference_path and c.reference != "hf":
+        raise StageError("--reference-path: extract.canary.reference is not hf")
+
+
 def main(
     merged: Annotated[Path, typer.Option(help="the merge stage's output (data/merged)")],
     samples: Annotated[int, typer.Option(help="merged samples compared, from the first split")] = 8,
@@ -207,6 +226,13 @@ def main(
     load_reference: Annotated[
         Path | None, typer.Option(help="compare with the states saved by --save-reference")
     ] = None,
+    reference_path: Annotated[
+        Path | None,
+        typer.Option(
+            help="hf reference: the same weights in a checkpoint transformers loads, where the "
+            "target's own class is not one (Kimi-K2.5's wrapper)"
+        ),
+    ] = None,
     params: Annotated[Path, typer.Option(help="the params file")] = PARAMS_FILE,
 ) -> None:
     """Compare the engine's features of `samples` merged samples with the reference; exit 1 if
@@ -215,10 +241,7 @@ def main(
     layer ids depend on it (default: the sglang engine's, else ids every version reads alike)."""
     ext = ExtractParams.read(params)
     target = TargetParams.read(params)
-    if (save_reference or load_reference) and ext.canary.reference != "http":
-        raise StageError(
-            "--save-reference / --load-reference: extract.canary.reference is not http"
-        )
+    refuse_other_references(ext.canary, save_reference or load_reference, reference_path)
     with params_key("extract.splits"):
         picked = first_samples(merged, ext.splits, samples)
     if not picked:
@@ -230,7 +253,8 @@ def main(
     capture = build_capture(ext, target, rank.rank, rank.world)
     served = load_served(load_reference, picked, capture.aux_indices) if load_reference else None
     version = sglang_version or getattr(capture, "version", None)
-    report = run_canary(capture, picked, ext, target, version, served)
+    reference = str(reference_path) if reference_path else None
+    report = run_canary(capture, picked, ext, target, version, served, reference)
     if report is not None:
         print(
             f"[canary] engine {ext.engine} ({capture.architecture}, layers "

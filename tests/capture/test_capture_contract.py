@@ -51,6 +51,7 @@ from stages.target_model.model import load_causal_lm
 from stages.wiring.capture import build_capture
 from tests import fake_sglang
 from tests.conftest import ROOT
+from tests.mla_target import k25_layout
 
 from .conftest import CONFIGS, SMALL, write_merged
 
@@ -141,6 +142,18 @@ def test_features_come_back_in_the_stored_dtype(engine, targets, fake):
     aux, last = got[1]
     assert aux.dtype == last.dtype == torch.bfloat16
     torch.testing.assert_close(aux[:, 32:64].float(), states[3][0], atol=2e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_sglang_captures_kimi_k25s_own_class(release, targets, fake, tmp_path):
+    """Kimi-K2.5's checkpoint names KimiK25ForConditionalGeneration, a multimodal wrapper with
+    no logits processor of its own (its DeepSeek-V3 language model has it), which SGLang loads
+    from its layout: the features are those of the same weights as a plain DeepSeek-V3."""
+    k25 = k25_layout(targets["deepseek"], tmp_path / "k25")
+    capture = make_capture("sglang", k25, fake, release=release)
+    assert capture.architecture == "KimiK25ForConditionalGeneration"
+    assert capture.aux_indices == [2, 4, 5]
+    assert_is_hf(targets["deepseek"], SAMPLES, captured(capture, SAMPLES), [2, 4, 5])
 
 
 # --- the sglang engine: ids, batches, settings, version -----------------------------------
@@ -571,6 +584,25 @@ def test_canary_passes_the_sglang_engine_and_fails_a_shifted_capture(
     report = canary.run_canary(shifted, SAMPLES, extract_params("hf", [2, 4, 5]), target)
     assert report is not None and not report.passed
     assert [s.best_index for s in report.slots] == [3, 5, 6]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_canary_holds_kimi_k25s_own_class_to_the_same_weights_as_deepseek_v3(
+    release, targets, fake, tmp_path
+):
+    """transformers cannot load Kimi-K2.5's wrapper: the hf reference reads the same weights
+    from a plain DeepseekV3ForCausalLM checkpoint (--reference-path), and the sglang engine on
+    the wrapper passes against it; the wrong weights fail."""
+    fake(release)
+    k25 = k25_layout(targets["deepseek"], tmp_path / "k25")
+    ext = extract_params("sglang", [2, 4, 5])
+    target = target_params(k25)
+    capture = build_capture(ext, target)
+    same = canary.run_canary(capture, SAMPLES, ext, target, reference_path=str(targets["deepseek"]))
+    assert same is not None and same.passed
+    assert same.last is not None and same.last.rel_error < 1e-5
+    other = canary.run_canary(capture, SAMPLES, ext, target, reference_path=str(targets["llama"]))
+    assert other is not None and not other.passed
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from array import array
 from dataclasses import asdict, dataclass
 from enum import IntEnum, auto
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModelForCausalLM
 
@@ -95,7 +97,8 @@ class ModelConfig:
     def __init__(self, model_path: str):
         self.model_path = model_path
         self.hf_config = json.loads((Path(model_path) / "config.json").read_text())
-        self.num_hidden_layers = int(self.hf_config["num_hidden_layers"])
+        text = self.hf_config.get("text_config") or self.hf_config  # a wrapper's language model
+        self.num_hidden_layers = int(text["num_hidden_layers"])
 
     @staticmethod
     def from_server_args(server_args, model_path=None, **kwargs) -> ModelConfig:
@@ -158,6 +161,37 @@ class LogitsProcessor(nn.Module):
         return out
 
 
+def hf_language_model(path: str) -> nn.Module:
+    """The checkpoint's causal LM in fp32: as saved, or the language model of Kimi-K2.5's
+    multimodal layout (its DeepSeek-V3 config under `text_config`, its tensors under
+    `language_model.`), which SGLang builds as DeepseekV3ForCausalLM and transformers cannot
+    load as a whole: loaded from a plain copy of those."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    if "text_config" not in config:
+        return AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float32, local_files_only=True
+        ).eval()
+    prefix = "language_model."
+    with tempfile.TemporaryDirectory() as plain:
+        text = {**config["text_config"], "model_type": "deepseek_v3"}
+        text["architectures"] = ["DeepseekV3ForCausalLM"]
+        (Path(plain) / "config.json").write_text(json.dumps(text))
+        for shard in sorted(Path(path).glob("*.safetensors")):
+            tensors = load_file(str(shard))
+            kept = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
+            save_file(kept, str(Path(plain) / shard.name), metadata={"format": "pt"})
+        index = Path(path) / "model.safetensors.index.json"
+        if index.exists():
+            weights = json.loads(index.read_text())["weight_map"]
+            plain_map = {k.removeprefix(prefix): v for k, v in weights.items()}
+            (Path(plain) / index.name).write_text(
+                json.dumps({"metadata": {}, "weight_map": plain_map})
+            )
+        return AutoModelForCausalLM.from_pretrained(
+            plain, dtype=torch.float32, local_files_only=True
+        ).eval()
+
+
 class _CausalLM(nn.Module):
     """The checkpoint's HF model behind SGLang's model interface."""
 
@@ -165,9 +199,7 @@ class _CausalLM(nn.Module):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
-        self._hf = AutoModelForCausalLM.from_pretrained(
-            config["path"], dtype=torch.float32, local_files_only=True
-        ).eval()
+        self._hf = hf_language_model(config["path"])
         self._num_layers = int(self._hf.config.num_hidden_layers)
         self._capture: list[int] | None = None
         self.logits_processor = LogitsProcessor(config)
@@ -248,15 +280,35 @@ class DeepseekV2ForCausalLM(_CausalLM):
         return self._run(input_ids, forward_batch)
 
 
-def load_model(model_config: ModelConfig, output_class: type, keep_last: bool) -> _CausalLM:
-    """The stand-in model of the checkpoint's family, as SGLang's model registry picks it."""
+class KimiK25ForConditionalGeneration(nn.Module):
+    """As SGLang's models/kimi_k25.py: a multimodal wrapper (its vision tower left out here)
+    holding the DeepSeek-V3 language model, which has the logits processor; the wrapper has none
+    and forwards the capture calls."""
+
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.language_model = DeepseekV2ForCausalLM(config, quant_config)
+
+    def set_eagle3_layers_to_capture(self, layer_ids=None):
+        self.language_model.set_eagle3_layers_to_capture(layer_ids)
+
+    def forward(
+        self, input_ids, positions, forward_batch, get_embedding=False, pp_proxy_tensors=None
+    ):
+        return self.language_model(input_ids, positions, forward_batch)
+
+
+def load_model(model_config: ModelConfig, output_class: type, keep_last: bool) -> nn.Module:
+    """The stand-in model of the checkpoint's architecture, as SGLang's model registry picks it."""
     name = model_config.hf_config["architectures"][0].lower()
+    config = {"path": model_config.model_path, "output": output_class, "keep_last": keep_last}
+    if name == "kimik25forconditionalgeneration":
+        return KimiK25ForConditionalGeneration(config)
     family = DeepseekV2ForCausalLM if ("deepseek" in name or "kimik2" in name) else None
     if family is None and any(k in name for k in ("llama", "qwen", "mistral")):
         family = LlamaForCausalLM
     if family is None:
         raise NotImplementedError(f"the SGLang stand-in has no model code for {name}")
-    config = {"path": model_config.model_path, "output": output_class, "keep_last": keep_last}
     return family(config)
 
 

@@ -12,6 +12,12 @@ file written under --work from params.yaml:
   the GPU, on the demo target (Llama).
 - canary-deepseek: the same on a random DeepSeek-V3 with Kimi-K2.5's head dims, MoE keys and yarn
   RoPE (tests/mla_target.py `kimi-heads`).
+- canary-k25: the same weights in Kimi-K2.5's own layout (`KimiK25ForConditionalGeneration`, a
+  multimodal wrapper with a one-layer MoonViT: tests/mla_target.py `k25_layout`) through the
+  sglang engine, against the hf reference of the plain DeepSeek-V3 (`--reference-path`: the
+  wrapper is remote code transformers cannot load).
+- extract-k25: `stages.extract` with the sglang engine on the Kimi-K2.5 layout and on the plain
+  DeepSeek-V3 of the same weights: ids equal, the features' largest difference per shard.
 - generate: `stages.generate` of one dataset through a server it launches from params, and with
   the hf engine on the GPU: the rows whose output_ids are identical.
 - extract: `stages.extract` with the sglang engine and with the hf engine: ids and loss masks
@@ -133,7 +139,7 @@ VARIANTS: dict[str, Callable[[dict], None]] = {
 }
 
 
-def canary(work: Path, name: str, target: str | None = None) -> dict:
+def canary(work: Path, name: str, target: str | None = None, *options: str) -> dict:
     def change(p: dict) -> None:
         canary_params(p)
         if target:
@@ -150,18 +156,39 @@ def canary(work: Path, name: str, target: str | None = None) -> dict:
         "8",
         "--params",
         str(p),
+        *options,
     )
     lines = [line.removeprefix("[canary] ") for line in out.splitlines() if "[canary]" in line]
     return {"passed": True, "table": lines}
 
 
-def canary_deepseek(work: Path) -> dict:
+def deepseek_target(work: Path) -> Path:
+    """The kimi-heads DeepSeek-V3, built once under `work`."""
     from tests.mla_target import kimi_heads_target
 
     target = work / "deepseek-v3-kimi-heads"
     if not (target / "config.json").exists():
         kimi_heads_target(target)
-    return canary(work, "canary-deepseek", str(target))
+    return target
+
+
+def k25_target(work: Path) -> Path:
+    """The same weights in Kimi-K2.5's layout, built once under `work`."""
+    from tests.mla_target import k25_layout
+
+    target = work / "kimi-k25-layout"
+    if not (target / "config.json").exists():
+        k25_layout(deepseek_target(work), target)
+    return target
+
+
+def canary_deepseek(work: Path) -> dict:
+    return canary(work, "canary-deepseek", str(deepseek_target(work)))
+
+
+def canary_k25(work: Path) -> dict:
+    plain = str(deepseek_target(work))
+    return canary(work, "canary-k25", str(k25_target(work)), "--reference-path", plain)
 
 
 def raw_ids(raw_dir: Path) -> dict[str, list[int]]:
@@ -205,53 +232,85 @@ def generate(work: Path) -> dict:
     }
 
 
-def extract_with(work: Path, engine: str, store: str = "all") -> Path:
+def extract_with(
+    work: Path, engine: str, store: str = "all", target: Path | None = None, tag: str = ""
+) -> Path:
+    """`stages.extract` with `engine` (on `target`, else params'); its shards' folder."""
     name = f"extract-{engine}-{store}"
-    p = params(work, name, VARIANTS[name])
+
+    def change(p: dict) -> None:
+        VARIANTS[name](p)
+        if target is not None:
+            p["target"]["path"] = str(target)
+
+    p = params(work, f"{name}{tag}", change)
+    out = work / f"hidden-{engine}-{store}{tag}"
     stage(
         work,
-        name,
+        f"{name}{tag}",
         "stages.extract",
         "--merged",
         "data/merged",
         "--out",
-        str(work / f"hidden-{engine}-{store}"),
+        str(out),
         "--report",
-        str(work / f"{name}.json"),
+        str(work / f"{name}{tag}.json"),
         "--params",
         str(p),
     )
-    return work / f"hidden-{engine}-{store}"
+    return out
 
 
-def extract(work: Path) -> dict:
+def shard_differences(first: Path, second: Path) -> dict:
+    """The largest relative difference of aux and last over the shards of two extractions of
+    the same samples (ids and loss masks must be equal), and how many shards."""
     import torch
     from safetensors.torch import load_file
 
     from stages.artifacts.hidden import shard_files
 
-    served, hf = extract_with(work, "sglang"), extract_with(work, "hf")
-    pairs = list(zip(shard_files(served), shard_files(hf), strict=True))
+    pairs = list(zip(shard_files(first), shard_files(second), strict=True))
     worst = {"aux": 0.0, "last": 0.0}
     for a, b in pairs:
         x, y = load_file(str(a)), load_file(str(b))
         for key in ("input_ids", "loss_mask"):
             if not torch.equal(x[key], y[key]):
-                return {"passed": False, "why": f"{a.name}: {key} differ"}
+                raise ValueError(f"{a.name}: {key} differ")
         for key in worst:
             if key in x:
                 diff = (x[key].float() - y[key].float()).norm() / y[key].float().norm()
                 worst[key] = max(worst[key], float(diff))
+    return {"shards": len(pairs), **worst}
+
+
+def extract(work: Path) -> dict:
+    diff = shard_differences(extract_with(work, "sglang"), extract_with(work, "hf"))
     reports = {
         e: json.loads((work / f"extract-{e}-all.json").read_text()) for e in ("sglang", "hf")
     }
     return {
-        "passed": worst["aux"] < 0.05 and worst["last"] < 0.05,
-        "shards": len(pairs),
-        "aux_rel": f"{worst['aux']:.1e}",
-        "last_rel": f"{worst['last']:.1e}",
+        "passed": diff["aux"] < 0.05 and diff["last"] < 0.05,
+        "shards": diff["shards"],
+        "aux_rel": f"{diff['aux']:.1e}",
+        "last_rel": f"{diff['last']:.1e}",
         "sglang_tok_s": reports["sglang"].get("tokens_per_s"),
         "hf_tok_s": reports["hf"].get("tokens_per_s"),
+    }
+
+
+def extract_k25(work: Path) -> dict:
+    """The sglang engine on Kimi-K2.5's layout and on the plain DeepSeek-V3 of the same weights:
+    the same SGLang language model class under the wrapper, so the same features."""
+    wrapped = extract_with(work, "sglang", target=k25_target(work), tag="-k25")
+    plain = extract_with(work, "sglang", target=deepseek_target(work), tag="-deepseek")
+    diff = shard_differences(wrapped, plain)
+    report = json.loads((work / "extract-sglang-all-k25.json").read_text())
+    return {
+        "passed": diff["aux"] < 1e-3 and diff["last"] < 1e-3,
+        "shards": diff["shards"],
+        "aux_rel": f"{diff['aux']:.1e}",
+        "last_rel": f"{diff['last']:.1e}",
+        "k25_tok_s": report.get("tokens_per_s"),
     }
 
 
@@ -355,6 +414,8 @@ def flags(command: list[str]) -> dict[str, str | None]:
 PATHS: dict[str, Callable[[Path], dict]] = {
     "canary-llama": lambda work: canary(work, "canary-llama"),
     "canary-deepseek": canary_deepseek,
+    "canary-k25": canary_k25,
+    "extract-k25": extract_k25,
     "generate": generate,
     "extract": extract,
     "benchmark": benchmark,

@@ -23,6 +23,8 @@ from .release import Class, Release, Symbol, call_problems, function_params
 MODEL_CLASSES = (
     ("sglang.srt.models.llama", "LlamaForCausalLM"),
     ("sglang.srt.models.deepseek_v2", "DeepseekV2ForCausalLM"),
+    ("sglang.srt.models.deepseek_v2", "DeepseekV3ForCausalLM"),
+    ("sglang.srt.models.kimi_k25", "KimiK25ForConditionalGeneration"),
 )
 
 
@@ -67,6 +69,19 @@ class Report:
     unchecked: list[str] = field(default_factory=list)
 
 
+def union(results: list[Typed]) -> Typed:
+    """What a value is when it is any of `results` (the branches or the classes it came by)."""
+    if len(results) == 1 or (results and all(r == UNKNOWN for r in results)):
+        return results[0]
+    if results and all(r.outside is not None for r in results):
+        return results[0]
+    if results and all(r.methods for r in results):
+        return Typed(methods=tuple(m for r in results for m in r.methods))
+    if results and all(r.classes and r.instance for r in results):
+        return Typed(tuple({c.symbol.qualname: c for r in results for c in r.classes}.values()))
+    return Typed(from_sglang=True) if results else UNKNOWN
+
+
 class ClassWalk:
     """Walk the methods of one class of the project against `release`."""
 
@@ -95,6 +110,9 @@ class ClassWalk:
         ]
         self.own_methods = {m.name for m in methods}
         self.own_defs = methods
+        # the definition of a name that the adapter runs: the last one, its class first in the
+        # MRO (the walked source goes from the bases to the class)
+        self.running = {m.name: m for m in methods}
         for final in (False, True):  # the first pass learns self's attributes
             self.report = Report()
             for fn in methods:
@@ -106,6 +124,7 @@ class ClassWalk:
     def walk_function(self, fn: ast.FunctionDef, record: bool) -> None:
         self.record = record
         self.function = fn.name
+        self.walking = fn
         self.env: dict[str, Typed] = {
             a.arg: self.own_args[(fn.name, a.arg)]
             for a in fn.args.args + fn.args.kwonlyargs
@@ -156,7 +175,9 @@ class ClassWalk:
             self.bind(stmt.target, stmt.value, self.expr(stmt.value))
         elif isinstance(stmt, ast.Return) and stmt.value is not None:
             returned = self.expr(stmt.value)
-            if returned.known:  # a request built by one method is checked where another uses it
+            # a request built by one method is checked where another uses it; an overridden
+            # definition's return is not what the adapter's calls get
+            if returned.known and self.running[self.function] is self.walking:
                 self.own_returns[self.function] = returned
         elif isinstance(stmt, ast.Expr) and stmt.value is not None:
             self.expr(stmt.value)
@@ -202,10 +223,42 @@ class ClassWalk:
             return self.attribute(node, self.expr(node.value), node.attr, store=False)
         if isinstance(node, ast.Call):
             return self.call(node)
+        if isinstance(node, ast.IfExp):
+            return self.if_expression(node)
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
                 self.expr(child)
         return UNKNOWN
+
+    def if_expression(self, node: ast.IfExp) -> Typed:
+        """`a if hasattr(x, "name") else b`: in `a`, x is the classes of its union that have
+        `name`; in `b`, those that lack it (a branch no class takes is not walked)."""
+        self.expr(node.test)
+        test = node.test
+        if not (
+            isinstance(test, ast.Call)
+            and ast.unparse(test.func) == "hasattr"
+            and len(test.args) == 2
+            and isinstance(test.args[0], ast.Name)
+            and isinstance(test.args[1], ast.Constant)
+            and self.env.get(test.args[0].id, UNKNOWN).classes
+        ):
+            return union([self.expr(node.body), self.expr(node.orelse)])
+        var, name = test.args[0].id, str(test.args[1].value)
+        typed = self.env[var]
+        having = tuple(c for c in typed.classes if self.has(c, name))
+        lacking = tuple(c for c in typed.classes if c not in having)
+        results = []
+        for branch, classes in ((node.body, having), (node.orelse, lacking)):
+            if classes:
+                self.env[var] = Typed(classes)
+                results.append(self.expr(branch))
+        self.env[var] = typed
+        return union(results)
+
+    @staticmethod
+    def has(c: Class, name: str) -> bool:
+        return name in c.attributes() or external_base_with(c, name) is not None
 
     def attribute(self, node: ast.AST, owner: Typed, name: str, store: bool) -> Typed:
         if owner.module:
@@ -246,13 +299,7 @@ class ClassWalk:
                 results.append(Typed(methods=((c, name),)))
             else:
                 results.append(self.attribute_type(c, name))
-        if results and all(r.outside is not None for r in results):
-            return results[0]
-        if results and all(r.methods for r in results):
-            return Typed(methods=tuple(m for r in results for m in r.methods))
-        if results and all(r.classes and r.instance for r in results):
-            return Typed(tuple({c.symbol.qualname: c for r in results for c in r.classes}.values()))
-        return Typed(from_sglang=True) if results else UNKNOWN
+        return union(results)
 
     @staticmethod
     def is_property(c: Class, name: str) -> bool:
@@ -378,6 +425,10 @@ class ClassWalk:
             bag = self.config_bag(fn)
             if bag is not None:
                 return bag
+            if callee.function.qualname.endswith(".resolving_view") and node.args:
+                # 0.5.19 on: a live read view of the ServerArgs given, whose `__getattr__` reads
+                # the resolution's declarations, then the fields: what it reads is a field
+                return self.expr(node.args[0])
             if fn.returns is not None:
                 for name in (n.id for n in ast.walk(fn.returns) if isinstance(n, ast.Name)):
                     symbol = self.release.lookup(callee.function.module, name)

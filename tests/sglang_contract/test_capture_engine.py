@@ -14,6 +14,7 @@ from tests.conftest import ROOT
 
 from .calls import ClassWalk
 from .release import missing_reason, require
+from .tree_cache import TreeCacheCalls, cache_answers, missing_methods
 
 pytestmark = pytest.mark.releases
 
@@ -137,6 +138,56 @@ def test_prefill_only_cache_has_what_the_releases_own_driver_gives():
         methods = {n.name for n in theirs.node.body if isinstance(n, ast.FunctionDef)}
         missing = methods - set(dir(runners.PrefillOnlyCache))
         assert not missing, f"{version}'s driver's tree cache has {missing}"
+
+
+def test_prefill_only_cache_has_what_the_releases_prefill_path_calls(release):
+    """Every method the release calls on the tree cache from prepare_for_extend on, the
+    out-of-memory path's message among them, is the capture engine's cache's."""
+    calls = TreeCacheCalls(release, cache_answers(runners.PrefillOnlyCache)).run()
+    assert {"pretty_print", "available_and_evictable_str"} <= set(calls)
+    assert not missing_methods(release, runners.PrefillOnlyCache)
+
+
+@pytest.mark.parametrize("method", ["evict_for_alloc", "pretty_print"])
+def test_a_planted_missing_cache_method_fails_the_check(method):
+    """The cache without a method that 0.5.19 on call when the pool is short, or that every
+    release calls on its out-of-memory path: the check names it and the chain that calls it."""
+    members = {k: v for k, v in vars(runners.PrefillOnlyCache).items() if k != method}
+    lacking = type("PrefillOnlyCache", (), members)
+    for version in ("0.5.19", "0.5.23") if method == "evict_for_alloc" else SUPPORTED_VERSIONS:
+        missing = missing_methods(require(version), lacking)
+        assert method in missing and missing[method][0] == "prepare_for_extend", version
+
+
+@pytest.mark.parametrize("version", [v for v in SUPPORTED_VERSIONS if v != "0.5.23"])
+def test_the_final_state_is_read_where_each_model_class_keeps_it(version):
+    """Kimi-K2.5's KimiK25ForConditionalGeneration has no logits processor (its language model
+    has): reading it on the runner's model, as the engine did, is refused for that class, and
+    the engine's own adapter reads it on each served class's language model."""
+    release = require(version)
+    source = ClassWalk(release, runners.RUNNERS[version]).source
+    planted = source.replace(
+        "self.language_model().logits_processor", "self.runner.model.logits_processor"
+    )
+    assert planted != source
+    problems = "\n".join(ClassWalk(release, planted).run().problems)
+    assert "KimiK25ForConditionalGeneration neither defines nor sets .logits_processor" in problems
+    checked = ClassWalk(release, source).run().checked
+    for read in (
+        "KimiK25ForConditionalGeneration.language_model",
+        "KimiK25ForConditionalGeneration.set_eagle3_layers_to_capture",
+        "DeepseekV3ForCausalLM.logits_processor",
+        "LlamaForCausalLM.logits_processor",
+    ):
+        assert any(c.startswith(read) for c in checked), read
+
+
+@pytest.mark.parametrize("version", ["0.5.19", "0.5.20"])
+def test_the_ranks_and_pool_read_the_resolved_settings_as_the_driver_does(version):
+    """0.5.19-0.5.20's driver reads the ranks and the pool's share through `resolving_view`
+    (a model-specific override declares values the fields never get): so does the adapter."""
+    checked = ClassWalk(require(version), runners.RUNNERS[version]).run().checked
+    assert any("resolving_view(...)" in c for c in checked)
 
 
 def test_only_the_capture_engine_imports_sglang():

@@ -1,0 +1,1 @@
+from fake_core import KimiK25ForConditionalGeneration  # noqa: F401
