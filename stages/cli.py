@@ -43,6 +43,7 @@ OPTION_HELP = {
     "train_report": "The train report (JSON).",
     "benchmark_report": "The benchmark report (JSON).",
     "metrics": "The compact metrics to write (JSON, what `dvc metrics diff` reads).",
+    "metrics_notes": "Why each null figure of the metrics is null, to write (JSON).",
     "live": "DVCLive's folder of the run's figures, updated as it trains (omitted: none).",
     "card": "The model card to write (Markdown).",
 }

@@ -94,7 +94,7 @@ def _extract(
     capture = build_capture(params, target, rank, world) if params.store != "none" else None
     facts = capture if capture is not None else config_only_facts(params, target, rank, world)
     role = facts.role
-    fingerprint = _fingerprint(params, target, facts.aux_indices)
+    fingerprint, shaped_by = _fingerprint(out_dir, params, target, facts.aux_indices)
     with params_key("extract.splits"):
         plan = plan_shards(merged_dir, params.splits, params.shard_tokens, params.store)
     total = sum(r["tokens"] for s in plan for r in s)
@@ -102,7 +102,7 @@ def _extract(
     size = hidden.storage(
         plan, width, facts.hidden_size, DTYPES[params.dtype].itemsize, params.store
     )
-    meta = _meta(fingerprint, params, target, facts, capture, size)
+    meta = _meta(fingerprint, shaped_by, params, target, facts, capture, size)
     storage_line = _storage_line(total, size, len(plan), meta, params)
     _prepare_out_dir(out_dir, meta, storage_line, rank, world)
     shards = _Shards(merged_dir, out_dir, plan, [shard_key(fingerprint, shard) for shard in plan])
@@ -156,11 +156,45 @@ class _Shards:
         return sum(r["length"] for k in wanted for r in self.plan[k])
 
 
-def _fingerprint(params: ExtractParams, target: TargetParams, indices: list[int]) -> str:
-    """Everything that shapes the shards: a change extracts again. The hf engine and store all
-    add nothing, so that shards extracted before those settings existed still match."""
-    engine_key = [] if params.engine == "hf" else [params.engine]  # hf keeps its old shard keys
-    store_key = [] if params.store == "all" else [f"store={params.store}"]  # so does all
+def _fingerprint(
+    out_dir: Path, params: ExtractParams, target: TargetParams, indices: list[int]
+) -> tuple[str, dict]:
+    """The key the shards are written under (hidden.shard_key) and the facts that shape them
+    (a change extracts again). The earlier run's key is kept when its meta.json records these
+    facts, whatever formula hashed them, or, written before the facts were recorded, holds the key
+    that time's formula gives for them (_legacy_fingerprint): an upgrade extracts nothing again."""
+    facts = {
+        "model_files": model_fingerprint(target.path, None, None),
+        "target_dtype": target.dtype,
+        "layers": indices,
+        "dtype": params.dtype,
+        "splits": params.splits,
+        "shard_tokens": params.shard_tokens,
+        "engine": params.engine,
+        "store": params.store,
+    }
+    facts = json.loads(json.dumps(facts, sort_keys=True))  # as meta.json holds them
+    if (out_dir / hidden.META).exists():
+        earlier = hidden.read_meta(out_dir)
+        recorded = earlier.extracted_by
+        if recorded == facts or (
+            recorded is None and earlier.fingerprint == _legacy_fingerprint(params, target, indices)
+        ):
+            return earlier.fingerprint, facts
+    return _facts_key(facts), facts
+
+
+def _facts_key(facts: dict) -> str:
+    """A new extraction's key: a hash of its facts."""
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _legacy_fingerprint(params: ExtractParams, target: TargetParams, indices: list[int]) -> str:
+    """The key of the stage before meta.json recorded its facts (extracted_by): the shards of
+    a folder whose meta.json has none are kept when its fingerprint equals this. Keep it as it
+    is. The hf engine and store all add nothing: shards from before those settings matched."""
+    engine_key = [] if params.engine == "hf" else [params.engine]
+    store_key = [] if params.store == "all" else [f"store={params.store}"]
     return hashlib.sha256(
         json.dumps(
             [
@@ -178,6 +212,7 @@ def _fingerprint(params: ExtractParams, target: TargetParams, indices: list[int]
 
 def _meta(
     fingerprint: str,
+    shaped_by: dict,
     params: ExtractParams,
     target: TargetParams,
     facts: Capture | ConfigFacts,
@@ -185,9 +220,10 @@ def _meta(
     size: dict,
 ) -> hidden.HiddenMeta:
     """meta.json as this run writes it: what train reads of the target and the storage, and the
-    fingerprint a rerun compares to know whether the folder is still this run's."""
+    fingerprint and facts a rerun compares to know whether the folder is still this run's."""
     return hidden.HiddenMeta(
         fingerprint=fingerprint,
+        extracted_by=shaped_by,
         target_path=target.path,
         architecture=facts.architecture,
         num_hidden_layers=facts.num_layers,

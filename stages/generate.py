@@ -1,10 +1,12 @@
 """generate@<dataset>: prompt ids -> the target's raw output ids, resumable, within a token budget.
 
 Reads params `target`, `generate` and `datasets.<name>.generate`. Output data/raw/<name>/ persists
-across runs: turns already generated under the same fingerprint (model, template, sampling,
-regenerate mode) are skipped and conversations continue where they stopped; a changed
-fingerprint starts the dataset over, the earlier generation left in place until this run's first
-turns are appended (a run that fails or is killed before that leaves it as it was). With
+across runs: turns already generated under the same generation facts (model, template,
+sampling, regenerate mode, the engine's dtype; compared as values, whatever formula hashed them
+into the rows' fingerprint, and rows from before the facts were recorded by that time's formula)
+are skipped and conversations continue where they stopped; a changed fact starts the dataset
+over, the earlier generation left in place until this run's first turns are appended (a run that
+fails or is killed before that leaves it as it was). With
 `regenerate: all_turns_rendered` each later turn's prompt is rendered by the chat template from
 the conversation so far (target/history.py).
 Writes reports/generate/<name>.json.
@@ -16,7 +18,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,6 +31,7 @@ from .artifacts.raw import (
     compact,
     drop_corrupt_parts,
     facts_fingerprint,
+    generations,
     last_turns,
     part_facts,
     parts,
@@ -49,7 +52,7 @@ from .serving.monitor import Backlog, GenerationMonitor, run_backlog
 from .target_model.history import HistoryRenderer
 from .target_model.tokens import TokenRoles, analyze_output
 from .wiring.engines import make_engine, sampling_for
-from .wiring.generation import engine_facts, recipe_facts
+from .wiring.generation import LEGACY_COMMIT, engine_facts, legacy_fingerprint, recipe_facts
 from .wiring.target import target_roles, target_tokenizer
 
 # Where each generation fact comes from, for the line that says which one changed.
@@ -153,9 +156,8 @@ def _generate_dataset(
     roles = target_roles(target, tokenizer)
     sampling = sampling_for(gen, roles)
     prompts, settings = read_prompts(prompts_path)
-    recipe = recipe_facts(target, sampling, settings.regenerate)
-    facts = _facts_known(recipe, engine, gen, target)
-    existing, earlier = _resumable_raw(name, out_dir, recipe, facts)
+    now = _now(target, sampling, settings.regenerate, engine, gen)
+    existing, earlier = _resumable_raw(name, out_dir, now)
     wanted = pa.array(sorted(set(prompts.column("sample_id").to_pylist())))
 
     def planned(existing: pa.Table) -> tuple[pa.Table, _Budget, TurnQueue]:
@@ -165,15 +167,16 @@ def _generate_dataset(
         return existing, budget, queue
 
     existing, budget, queue = planned(existing)
-    kept = _kept_facts(existing)
-    fp = kept[0] if kept else None
+    fp = existing.column("fingerprint")[-1].as_py() if existing.num_rows else None
     start = time.monotonic()
     with earlier.kept_unless_begun():
         if budget.used < budget.limit and queue.has_unsent():  # else no engine is started
             engine = engine or make_engine(gen, target, tokenizer)
+            facts = now.facts
             if facts is None:
-                facts = recipe | engine_facts(engine, target)
-                if earlier.served_otherwise(facts, kept):
+                facts = now.recipe | engine_facts(engine, target)
+                now = replace(now, facts=facts)
+                if earlier.served_otherwise(now, generations(existing)):
                     existing, budget, queue = planned(RAW_SCHEMA.empty_table())
             stamp = Stamp.of(engine.name, facts)
             fp = stamp.fingerprint
@@ -198,22 +201,47 @@ def _generate_dataset(
     return _report(name, fp, engine_name, table, wanted, existing, queue, budget, elapsed)
 
 
-def _facts_known(recipe: dict, engine, gen: GenerateParams, target) -> dict | None:
-    """The generation facts before any engine is started: the hf engine's are in params, a
-    server's are known once it answers (None until then)."""
-    if engine is None and gen.engine != "hf":
-        return None
-    return recipe | engine_facts(engine, target)
+def _now(
+    target: TargetParams, sampling: Sampling, regenerate: str, engine, gen: GenerateParams
+) -> _Now:
+    """This run's generation before any engine is started: the hf engine's facts are in params,
+    a server's are known once it answers (None until then)."""
+    recipe = recipe_facts(target, sampling, regenerate)
+    known = engine is not None or gen.engine == "hf"
+    facts = recipe | engine_facts(engine, target) if known else None
+    return _Now(recipe, facts, legacy_fingerprint(target, sampling, regenerate))
 
 
-def _kept_facts(existing: pa.Table) -> tuple[str, dict | None] | None:
-    """The fingerprint of the turns kept from earlier runs (one: the others were set aside) and
-    the facts they recorded (None where they predate generated_by); None when none are kept."""
-    kept = set(existing.column("fingerprint").to_pylist())
-    if len(kept) != 1:
-        return None
-    recorded = existing.column("generated_by")[0].as_py()
-    return kept.pop(), json.loads(recorded) if recorded else None
+@dataclass(frozen=True)
+class _Now:
+    """This run's generation as earlier rows are held against it: rows that recorded their facts
+    by those values, whatever formula hashed them into their fingerprint; rows from before
+    generated_by by the fingerprint the stage wrote then (legacy_fingerprint)."""
+
+    recipe: dict
+    facts: dict | None  # None until a server engine answers: rows are held to the recipe alone
+    legacy: str
+
+    def made(self, fp: str, recorded: dict | None) -> bool:
+        """Whether rows of fingerprint `fp` that recorded `recorded` were generated as this
+        run generates."""
+        if recorded is None:
+            return fp == self.legacy
+        if self.facts is None:
+            return _holds(recorded, self.recipe)
+        return json.dumps(recorded, sort_keys=True) == json.dumps(self.facts, sort_keys=True)
+
+    def changed(self, before: tuple[str, dict | None]) -> str:
+        """What differs between `before`'s generation and this run's, named for the line that
+        says a dataset starts over."""
+        fp, recorded = before
+        if recorded is None:
+            return (
+                f"fingerprint {fp} from before the facts were recorded, where the stage of "
+                f"commit {LEGACY_COMMIT} writes {self.legacy} for these params (the model, chat "
+                f"template, template_kwargs, roles, target.dtype, sampling or regenerate mode)"
+            )
+        return changes((fp, recorded), self.recipe if self.facts is None else self.facts)
 
 
 @dataclass
@@ -231,48 +259,48 @@ class _Budget:
         self.tokens = self.used
 
 
-def _resumable_raw(
-    name: str, out_dir: Path, recipe: dict, facts: dict | None
-) -> tuple[pa.Table, _Earlier]:
+def _resumable_raw(name: str, out_dir: Path, now: _Now) -> tuple[pa.Table, _Earlier]:
     """The raw turns earlier runs left that this run continues from (a killed run's temporary
     files and corrupt parts go: their turns are generated again), and the parts of an earlier
-    generation under other facts, which stay until this run's first turns land. With `facts`
-    None (a server not asked yet) the parts are matched on the `recipe` alone."""
+    generation under other facts, which stay until this run's first turns land."""
     remove_stale_temps(out_dir)
     for part, problem in drop_corrupt_parts(out_dir):
         print(f"[generate {name}] {part}: {problem}; removed, its turns are generated again")
     by_part = {part: part_facts(part) for part in parts(out_dir)}
-    if facts is not None:
-        fp = facts_fingerprint(facts)
-        current = [p for p, fps in by_part.items() if fp in fps]
-    else:
-        current = [p for p, fps in by_part.items() if all(_holds(f, recipe) for f in fps.values())]
-        last = set(by_part[current[-1]]) if current else set()
-        current = [p for p in current if set(by_part[p]) <= last]  # a replacement's, if begun
+    current = _current_parts(by_part, now)
     earlier = _Earlier(name, out_dir, [p for p in by_part if p not in current])
     if current:
         earlier.begun()  # any other parts: a replacement had begun (appended, then stopped)
         return read_raw(out_dir), earlier
     if not by_part:
         return RAW_SCHEMA.empty_table(), earlier
-    before = next(f for fps in by_part.values() for f in fps.items())
-    earlier.starting_over(before, recipe if facts is None else facts)
+    earlier.starting_over(now.changed(next(f for fps in by_part.values() for f in fps.items())))
     return RAW_SCHEMA.empty_table(), earlier
+
+
+def _current_parts(by_part: dict[Path, dict[str, dict | None]], now: _Now) -> list[Path]:
+    """The parts of this run's generation: with the facts known, those with a row generated
+    under them; with a server not asked yet, those whose rows all hold the recipe, and of
+    them a begun replacement's alone (recording no facts but those of the last that records)."""
+    if now.facts is not None:
+        return [p for p, fps in by_part.items() if any(now.made(*f) for f in fps.items())]
+    current = [p for p, fps in by_part.items() if all(now.made(*f) for f in fps.items())]
+    recorded = {
+        p: {json.dumps(f, sort_keys=True) for f in by_part[p].values() if f is not None}
+        for p in current
+    }
+    last = next((r for r in reversed(recorded.values()) if r), set())
+    return [p for p in current if recorded[p] <= last]
 
 
 def _holds(facts: dict | None, recipe: dict) -> bool:
     return facts is not None and all(facts.get(k) == v for k, v in recipe.items())
 
 
-def changes(before: tuple[str, dict | None], now: dict) -> str:
+def changes(before: tuple[str, dict], now: dict) -> str:
     """Which generation facts differ between an earlier fingerprint's and this run's, each with
-    its values and where it comes from (only a fingerprint where the earlier rows predate the
-    recorded facts)."""
+    its values and where it comes from."""
     fp, facts = before
-    if facts is None:
-        return (
-            f"fingerprint {fp} (from before the facts were recorded), now {facts_fingerprint(now)}"
-        )
     lines = []
     for key in [*now, *(k for k in facts if k not in now)]:  # a fact now left out too
         was, value = facts.get(key), now.get(key)
@@ -319,20 +347,22 @@ class _Earlier:
             raise
         self.begun()
 
-    def served_otherwise(self, facts: dict, kept: tuple[str, dict | None] | None) -> bool:
-        """Whether the kept turns were generated under other server facts than `facts` (the
-        recipe alone matched them): then they too stay only until this run's first append."""
-        if kept is None or kept[0] == facts_fingerprint(facts):
+    def served_otherwise(self, now: _Now, kept: dict[str, dict | None]) -> bool:
+        """Whether a kept generation (fingerprint -> recorded facts) was made under other
+        server facts than `now`'s (the recipe alone matched it): then the kept turns too stay
+        only until this run's first append."""
+        other = next(((fp, f) for fp, f in kept.items() if not now.made(fp, f)), None)
+        if other is None:
             return False
         self.parts = parts(self.out_dir)
-        self.starting_over(kept, facts)
+        self.starting_over(now.changed(other))
         return True
 
-    def starting_over(self, before: tuple[str, dict | None], now: dict) -> None:
+    def starting_over(self, changed: str) -> None:
         turns = read_raw(self.out_dir).num_rows
         print(
             f"[generate {self.name}] the raw data in {self.out_dir} was generated otherwise: "
-            f"{changes(before, now)}; so {self.name} is generated again from the start; its "
+            f"{changed}; so {self.name} is generated again from the start; its "
             f"{turns} earlier turns stay until this run's first turns are appended"
         )
 

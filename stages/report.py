@@ -6,7 +6,8 @@
   decoded with the target's tokenizer (reasoning, answer, tool calls apart, special tokens
   shown); training curves; the benchmark's tau per dataset and position against plain decoding.
 - reports/metrics.json: THE DVC metrics file, the dozen figures a run is judged by, each key
-  named with its unit (`stages/reporting/summary.py`).
+  named with its unit (`stages/reporting/summary.py`); beside it reports/metrics_notes.json, why
+  each null figure is null (text, which a metrics file cannot hold without DVC printing it).
 - the drafter's model card (a Hugging Face README.md), beside the report: its tau is only known
   after the benchmark, which reads the drafter, so train cannot write it, and no stage writes
   into another stage's output.
@@ -40,7 +41,7 @@ from .reports.benchmark import BenchmarkReport, read_benchmark
 from .reports.extract import ExtractReport
 from .reports.generate import GenerateReport
 from .reports.merge import MergeReport
-from .reports.metrics import RunMetrics
+from .reports.metrics import MetricsNotes, RunMetrics
 from .reports.train import TrainReport
 from .reports.vocab import VocabReport
 from .runtime.files import write_text
@@ -116,9 +117,11 @@ class StageReports:
     train: TrainReport
     benchmark: BenchmarkReport
 
-    def metrics(self, answers: dict, datasets: dict[str, DatasetParams]) -> RunMetrics:
-        """The figures of reports/metrics.json, each dataset judged by what it is expected to
-        hold (reasoning, tool calls)."""
+    def metrics(
+        self, answers: dict, datasets: dict[str, DatasetParams]
+    ) -> tuple[RunMetrics, MetricsNotes]:
+        """The figures of reports/metrics.json and their notes, each dataset judged by what it
+        is expected to hold (reasoning, tool calls)."""
         return run_metrics(
             generate=self.generate,
             merge=self.merge,
@@ -206,7 +209,7 @@ def card_facts(
 
 def report_data(
     target_path: str,
-    summary: RunMetrics,
+    summary: tuple[RunMetrics, MetricsNotes],
     raw: RawViews,
     reports: StageReports,
     served: ServedDrafter,
@@ -214,7 +217,9 @@ def report_data(
     card: Path,
     max_chars: int,
 ) -> ReportData:
-    """Everything the page shows, the training curves read from the plots CSVs train wrote."""
+    """Everything the page shows, the training curves read from the plots CSVs train wrote;
+    `summary`: the figures and their notes."""
+    figures, notes = summary
     layer_ids, drafter_dir = served.layer_ids, str(served.drafter_dir)
     commands = serving_commands(
         served.model, drafter_dir, served.num_steps, served.sglang_command, layer_ids["vllm"]
@@ -222,7 +227,8 @@ def report_data(
     return ReportData(
         title="EAGLE-3 pipeline report",
         target=target_path,
-        metrics=summary,
+        metrics=figures,
+        notes=notes,
         datasets=raw.datasets,
         answers=raw.answers,
         failures=raw.failures,
@@ -257,16 +263,17 @@ def main(
     drafter_dir: PathOpt,
     out: PathOpt,
     metrics: PathOpt,
+    metrics_notes: PathOpt,
     card: PathOpt,
     params: Path = PARAMS_FILE,
 ) -> None:
-    """Write the HTML report, the compact metrics and the model card."""
+    """Write the HTML report, the compact metrics with their notes, and the model card."""
     p = ReportParams.read(params)
     q = QualityParams.read(params)
     target = TargetParams.read(params)
     train_params = TrainParams.read(params)
     datasets = read_datasets(params)
-    remove_stale_temps_around(out, metrics, card)
+    remove_stale_temps_around(out, metrics, metrics_notes, card)
     reports = StageReports(  # first: a report its stage must write again stops the stage at once
         generate={n: GenerateReport.read(generate_dir / f"{n}.json") for n in datasets},
         merge=MergeReport.read(merge_report),
@@ -276,11 +283,14 @@ def main(
         benchmark=read_benchmark(benchmark_report),
     )
     raw = raw_views(raw_dir, datasets, p, q, target)
-    summary = reports.metrics(raw.answers, datasets)
+    figures, notes = reports.metrics(raw.answers, datasets)
     served = served_drafter(p.card, target, drafter_dir, reports)
     facts = card_facts(p.card, served, train_params.sglang_version, raw.datasets, reports)
-    page = render(report_data(target.path, summary, raw, reports, served, plots, card, p.max_chars))
-    summary.write(metrics)
+    page = render(
+        report_data(target.path, (figures, notes), raw, reports, served, plots, card, p.max_chars)
+    )
+    figures.write(metrics)
+    notes.write(metrics_notes)
     write_text(model_card(facts), card)
     write_text(page, out)
     print(f"[report] {out.resolve()}  metrics: {metrics}  model card: {card}")

@@ -56,6 +56,7 @@ from .runtime.device import resolve_device, set_cpu_threads
 from .runtime.fields import speed_only_keys
 from .runtime.files import ChecksumError, remove_path, verify_checksum, write_csv, write_json
 from .runtime.outputs import LOCK_NAME, output_lock, remove_stale_temps, remove_stale_temps_around
+from .runtime.swap import OWN, drop_aside, finish_swap, keep_aside
 from .target_model.weights import embedding_and_head
 from .wiring.online_features import online_features
 
@@ -113,8 +114,11 @@ def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
     """Keep checkpoints only when they belong to this exact run (params, features, vocab) and
     were written in this checkpoint format; drop what a killed run left half-written. Another
     run's checkpoints are kept aside in `earlier/` until this run completes (a run that fails
-    leaves them), and come back when the params are set back to theirs."""
+    leaves them), and come back when the params are set back to theirs. A swap that a kill cut
+    short is finished first, so each run's checkpoints are whole again."""
     run = {"checkpoint_format": CHECKPOINT_FORMAT, **run}
+    remove_stale_temps(checkpoint_dir)  # a killed run's half-saved checkpoint or journal
+    finish_swap(checkpoint_dir)
     run_file, aside = checkpoint_dir / "run.json", checkpoint_dir / EARLIER
     if run_file.exists() and not _same_run(run_file, run):
         if _same_run(aside / "run.json", run):
@@ -127,7 +131,6 @@ def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
                 f"completes"
             )
             _keep_aside(checkpoint_dir, aside, back=False)
-    remove_stale_temps(checkpoint_dir)  # a killed run's half-saved checkpoint
     write_json(run, run_file)
 
 
@@ -137,31 +140,17 @@ def _same_run(run_file: Path, run: dict) -> bool:
 
 def _keep_aside(checkpoint_dir: Path, aside: Path, back: bool) -> None:
     """Put the folder's run aside (replacing one kept there), or, `back`, swap it with the one
-    aside. A run with no checkpoint yet (it failed before its first) has nothing to keep: it is
-    dropped, and a run already aside stays there."""
-    here = [p for p in checkpoint_dir.iterdir() if p.name not in (LOCK_NAME, EARLIER)]
+    aside, journaled (runtime/swap.py): a kill at any point of it leaves both runs to resume. A
+    run with no checkpoint yet (it failed before its first) has nothing to keep: it is dropped,
+    and a run already aside stays there."""
+    skip = {LOCK_NAME, EARLIER, *OWN}
+    here = [p for p in checkpoint_dir.iterdir() if p.name not in skip]
     if not any(p.suffix == ".pt" for p in here):
         for p in here:
             remove_path(p)
         here = []
-    if not back:
-        if here:
-            remove_path(aside)
-            aside.mkdir()
-            for p in here:
-                p.rename(aside / p.name)
-        return
-    staging = checkpoint_dir / f".{EARLIER}-swap"
-    remove_path(staging)
-    staging.mkdir()
-    for p in here:
-        p.rename(staging / p.name)
-    for p in aside.iterdir():
-        p.rename(checkpoint_dir / p.name)
-    remove_path(aside)
-    if here:
-        staging.rename(aside)
-    remove_path(staging)
+    if here or back:
+        keep_aside(checkpoint_dir, aside, [p.name for p in here], back)
 
 
 def main(
@@ -266,7 +255,7 @@ def _train(
         features_from = f"online {meta.engine or 'hf'}" if online else STORED
         compiled = compiles(s.compile, device) and history.compile_failed_at is None
         _write_reports(history, s, p, (rank.world, features_from, compiled), report, plots)
-        remove_path(checkpoint_dir / EARLIER)  # this run is complete: the earlier one goes
+        drop_aside(checkpoint_dir, checkpoint_dir / EARLIER)  # this run is complete
 
 
 def _prepare(p: TrainParams, rank: parallel.Rank, device: torch.device) -> None:

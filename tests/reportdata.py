@@ -1,11 +1,13 @@
 """A small synthetic run's artifacts, as the report stage reads them: raw parts in the demo
 target's real token ids (reasoning, answers, tool calls, a truncated and a failed turn), and the
 reports (each written through its record, stages/reports/), plots and exported config the other
-stages would have written. No model runs."""
+stages would have written; its extraction had every shard on disk already, so one figure of the
+metrics is null. No model runs."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -35,6 +37,7 @@ REPORT_ARGS = (
     "drafter-dir",
     "out",
     "metrics",
+    "metrics-notes",
     "card",
 )
 
@@ -92,6 +95,7 @@ EXTRACT = ExtractReport(
     warmup_s=0.2,
     time={"loop_s": 0.5, "forward_s": 0.4},
 )
+EXTRACT_RESUMED = replace(EXTRACT, extracted_tokens=0, tokens_per_s=0.0)  # every shard on disk
 TRAIN = TrainReport(
     steps=20,
     final_loss=2.5,
@@ -214,6 +218,7 @@ def write_run(root: Path) -> dict[str, Path]:
         "drafter-dir": root / "models" / "drafter",
         "out": root / "reports" / "index.html",
         "metrics": root / "reports" / "metrics.json",
+        "metrics-notes": root / "reports" / "metrics_notes.json",
         "card": root / "models" / "card" / "README.md",
     }
     for name, (_, tools) in DATASETS.items():
@@ -223,7 +228,7 @@ def write_run(root: Path) -> dict[str, Path]:
         generate_report(name, len(rows), tokens).write(paths["generate-dir"] / f"{name}.json")
     MERGE.write(paths["merge-report"])
     VOCAB.write(paths["vocab-report"])
-    EXTRACT.write(paths["extract-report"])
+    EXTRACT_RESUMED.write(paths["extract-report"])
     TRAIN.write(paths["train-report"])
     BENCHMARK.write(paths["benchmark-report"])
     plots = paths["plots"]

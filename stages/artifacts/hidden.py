@@ -348,8 +348,9 @@ def _spread_labels(shard, last_offset: int, loss_mask: torch.Tensor) -> torch.Te
 class HiddenMeta:
     """data/hidden/meta.json: what extract hands to train. The target and the HF hidden-state
     indices captured, the storage, and (engines other than hf) the engine, its SGLang release and
-    the ids it captured with. Keys that are null (or `store` all) are not written, so a run of
-    the hf engine storing everything writes the file it always wrote."""
+    the ids it captured with, and the facts that shape the shards. Keys that are null (or `store`
+    all) are not written: the file of a run of the hf engine storing everything holds no key of
+    the others."""
 
     fingerprint: str
     target_path: str
@@ -364,6 +365,9 @@ class HiddenMeta:
     sglang_capture_ids: list[int] | None = None
     store: str = "all"
     bytes_per_token_all: int | None = None
+    # the facts that shape the shards, which the fingerprint hashes: a rerun compares these
+    # values, whatever formula hashed them (null: written before they were recorded)
+    extracted_by: dict | None = None
 
     def to_json(self) -> dict:
         written = asdict(self)

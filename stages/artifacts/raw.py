@@ -71,7 +71,13 @@ def part_facts(path: Path) -> dict[str, dict | None]:
     the generated_by column)."""
     names = set(pq.read_schema(path).names)
     columns = ["fingerprint", "generated_by"] if "generated_by" in names else ["fingerprint"]
-    table = pq.read_table(path, columns=columns)
+    return generations(pq.read_table(path, columns=columns))
+
+
+def generations(table: pa.Table) -> dict[str, dict | None]:
+    """Per fingerprint among `table`'s rows, in the order they come, the facts its first row
+    recorded (None where the rows predate the generated_by column)."""
+    names = table.column_names
     recorded = table.column("generated_by").to_pylist() if "generated_by" in names else None
     first: dict[str, str | None] = {}
     for i, fp in enumerate(table.column("fingerprint").to_pylist()):

@@ -1,7 +1,7 @@
 """What every section of params.yaml shares: `param()` (a key's default, help and range, from
-stages/runtime/fields.py), the checks of types, ranges and unknown keys, and params.yaml read
-with the YAML rules DVC reads it by (YAML 1.2: `3e-3` is a number), so `dvc exp run -S` and the
-stages see the same values.
+stages/runtime/fields.py), the checks of types (stages/runtime/typed.py's, which the reports
+share), ranges and unknown keys, and params.yaml read with the YAML rules DVC reads it by (YAML
+1.2: `3e-3` is a number), so `dvc exp run -S` and the stages see the same values.
 
 A wrong key or type fails before any work starts, with the dotted key path and what is expected,
 so a typo in params.yaml never silently falls back to a default.
@@ -13,15 +13,15 @@ import copy
 import dataclasses
 import difflib
 import re
-import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from ruamel.yaml import YAML, YAMLError
 
 from ..runtime.errors import ParamsError
 from ..runtime.fields import param as param  # each section declares its keys with it
+from ..runtime.typed import Typed, record_fields
 
 PARAMS_FILE = Path("params.yaml")
 DEVICE = r"auto|cpu|cuda|cuda:\d+"  # what torch.device takes here (stages/runtime/device.py)
@@ -63,44 +63,36 @@ class Section(Ranged):
         return build(cls, load_params(path).get(cls.KEY), f"{path}:{cls.KEY}")
 
 
+class _Reading(Typed):
+    """params.yaml as people edit it: a key left out takes its default, a number outside its
+    range is refused, and each refusal shows the value as Python writes it."""
+
+    Problem = ParamsError
+
+    def record(self, tp: type, value: object, at: str) -> Any:
+        return build(tp, value, at)
+
+    def entry(self, at: str, key: object) -> str:
+        return f"{at}.{key}"
+
+    def name(self, tp: Any) -> str:
+        if tp is dict or dataclasses.is_dataclass(tp):
+            return "a mapping"
+        return {list: "a list", type(None): "null"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+    def refuse(self, value: object, belongs: str, at: str) -> Exception:
+        return ParamsError(f"{at}: expected {belongs}, got {type(value).__name__} {value!r}")
+
+    def not_among(self, value: object, choices: tuple, at: str) -> Exception:
+        return ParamsError(f"{at}: {value!r} is not one of {list(choices)}")
+
+
+_READING = _Reading()
+
+
 def check_value(value: Any, tp: Any, key: str) -> Any:
     """Validate (and build, for nested dataclasses) one value against its annotation."""
-    origin = typing.get_origin(tp)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return build(tp, value, key)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return check_value(value, inner[0], key)
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            raise ParamsError(f"{key}: {value!r} is not one of {list(typing.get_args(tp))}")
-        return value
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ParamsError(f"{key}: expected a mapping, got {type(value).__name__} {value!r}")
-        args = typing.get_args(tp)
-        if args and isinstance(args[1], type) and dataclasses.is_dataclass(args[1]):
-            return {k: build(args[1], v, f"{key}.{k}") for k, v in value.items()}
-        return value
-    if origin is list or tp is list:
-        if not isinstance(value, list):
-            raise ParamsError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
-        args = typing.get_args(tp)
-        return (
-            [check_value(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)] if args else value
-        )
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float, str, bool):
-        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-            raise ParamsError(
-                f"{key}: expected {tp.__name__}, got {type(value).__name__} {value!r}"
-            )
-        return value
-    return value
+    return _READING.read(tp, value, key)
 
 
 def unknown_key(key: str, name: str, known: list[str]) -> str:
@@ -145,27 +137,23 @@ def allowed_range(f: dataclasses.Field) -> str:
 
 def build(cls: type, raw: Any, key: str):
     """Build dataclass `cls` from a params mapping; unknown or missing keys name their path."""
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{key}: expected a mapping, got {type(raw).__name__} {raw!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    raw = _READING.expect(dict, {} if raw is None else raw, key)
+    fields = record_fields(cls)
     unknown = sorted(set(raw) - set(fields))
     if unknown:
         raise ParamsError(unknown_key(f"{key}.{unknown[0]}", unknown[0], sorted(fields)))
     values = {}
-    for name, f in fields.items():
+    for name, (f, tp) in fields.items():
         if name in raw and name in SECRET_NAME_KEYS:
             try:
-                values[name] = check_value(raw[name], hints[name], f"{key}.{name}")
+                values[name] = check_value(raw[name], tp, f"{key}.{name}")
             except ParamsError:
                 raise ParamsError(
                     f"{key}.{name}: expected the name of an environment variable (a string) or "
                     f"null (the value is not shown: it may be a key)"
                 ) from None
         elif name in raw:
-            values[name] = check_value(raw[name], hints[name], f"{key}.{name}")
+            values[name] = check_value(raw[name], tp, f"{key}.{name}")
             _check_range(values[name], f, f"{key}.{name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ParamsError(f"{key}.{name}: required key is missing")

@@ -18,7 +18,7 @@ from html import escape
 from typing import Any
 
 from ..reports.benchmark import BenchmarkReport
-from ..reports.metrics import RunMetrics
+from ..reports.metrics import MetricsNotes, RunMetrics
 from ..reports.train import TrainReport
 from . import svg
 from .card import ServingCommand
@@ -62,6 +62,7 @@ class ReportData:
     title: str
     target: str
     metrics: RunMetrics
+    notes: MetricsNotes  # why each null figure is null
     datasets: Sequence[str]
     answers: Mapping[str, list[dict]]  # the quality questions' rows, length_histogram included
     failures: list[dict]
@@ -162,12 +163,12 @@ def _by(rows: Sequence[Mapping], key: str = "dataset") -> dict[str, Mapping]:
     return {str(r[key]): r for r in rows}
 
 
-def _glance(metrics: RunMetrics) -> str:
+def _glance(metrics: RunMetrics, notes: MetricsNotes) -> str:
     """One tile per figure: its value, its key and unit, and for a null figure why it is."""
     tiles = []
     for key, value in metrics.figures().items():
         shown = f"{value:.1%}" if key.endswith("_share") and isinstance(value, float) else None
-        why = metrics.why_null.get(key)
+        why = notes.why_null.get(key)
         tiles.append(
             f'<div class="tile"><div class="v">{escape(shown or _cell(value))}</div>'
             f'<div class="k">{breakable(key)}<br>{escape(unit(key))}</div>'
@@ -501,7 +502,7 @@ def _inline_code(markdown: str) -> str:
 
 def render(d: ReportData) -> str:
     sections = [
-        ("glance", "Run at a glance", _glance(d.metrics)),
+        ("glance", "Run at a glance", _glance(d.metrics, d.notes)),
         ("data", "Data per dataset", _data_overview(d)),
         ("lengths", "Length distributions", _lengths(d)),
         ("failures", "Failures", table(d.failures)),

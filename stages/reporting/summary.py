@@ -1,11 +1,15 @@
 """The dozen figures a run is judged by, each key named with its unit, from the stages' detailed
 reports: what `dvc metrics show` prints as one row and `dvc metrics diff` compares
-(reports/metrics.json, its record in stages/reports/metrics.py).
+(reports/metrics.json, its record in stages/reports/metrics.py). Where training's time went
+stays in its own report (reports/train.json's padding and target-forward shares): with
+DVCLive's three live figures, a dozen (two benchmark temperatures) keeps `dvc metrics show` at
+15 columns.
 
 Units: `_samples` and `_tokens` are counts, `_share` a fraction in [0, 1] (the worst dataset's
 where it says min or max), `_tokens_per_step` an acceptance length tau (tokens emitted per
 target verify step), `_tokens_per_s` a throughput. A figure a run cannot give (no dataset that
-expects tool calls, a stage that had nothing left to do) is null, with the reason beside it.
+expects tool calls, a stage that had nothing left to do) is null, its reason in the notes beside
+the file (reports/metrics_notes.json).
 """
 
 from __future__ import annotations
@@ -17,8 +21,8 @@ from ..reports.benchmark import BenchmarkReport
 from ..reports.extract import ExtractReport
 from ..reports.generate import GenerateReport
 from ..reports.merge import MergeReport
-from ..reports.metrics import RunMetrics, tau_key
-from ..reports.train import STORED, TrainReport
+from ..reports.metrics import MetricsNotes, RunMetrics, tau_key
+from ..reports.train import TrainReport
 from ..reports.vocab import VocabReport
 
 UNITS = {
@@ -96,13 +100,14 @@ def run_metrics(
     extract: ExtractReport,
     train: TrainReport,
     benchmark: BenchmarkReport,
-) -> RunMetrics:
-    """`generate`: each dataset's generate report; `answers`: the quality questions' rows
-    (reasoning_presence, finish_reasons, tool_call_integrity); `expect`: per dataset
-    (reasoning expected, tool calls expected); the rest: those stages' reports."""
+) -> tuple[RunMetrics, MetricsNotes]:
+    """The figures and why each null one is null. `generate`: each dataset's generate report;
+    `answers`: the quality questions' rows (reasoning_presence, finish_reasons,
+    tool_call_integrity); `expect`: per dataset (reasoning expected, tool calls expected); the
+    rest: those stages' reports."""
     why = NullReasons()
     closed, truncated, calls = _reply_shares(answers, expect, why)
-    return RunMetrics(
+    metrics = RunMetrics(
         generated_samples=sum(g.samples for g in generate.values()),
         generated_tokens=sum(g.tokens for g in generate.values()),
         train_supervised_tokens=merge.summary.train.supervised_tokens,
@@ -130,15 +135,8 @@ def run_metrics(
             train.tokens_per_s or None,
             "not measured: this run took no step after its warm-up steps (timed apart)",
         ),
-        train_padding_share=train.padding_share,
-        train_target_forward_share=why.unless(
-            "train_target_forward_share",
-            train.target_forward_share,
-            f"not measured: training read {STORED} features; the target runs in training "
-            "only with extract.store none",
-        ),
-        why_null=dict(why),
     )
+    return metrics, MetricsNotes.of(metrics, why)
 
 
 def unit(key: str) -> str:

@@ -1,17 +1,20 @@
 """reports/metrics.json: THE DVC metrics file, the figures a run is judged by, written by the
-report stage from the other stages' reports (stages/reporting/summary.py says how).
+report stage from the other stages' reports (stages/reporting/summary.py says how); and beside
+it reports/metrics_notes.json, why each null figure is null.
 
-Flat, so that `dvc metrics show` prints a run as one row: each key names its unit, and the
-benchmark's tau comes as one key per temperature (tau_key). A figure the run cannot give is
-null, and `why_null` holds why under the figure's key: a null without its reason, or a reason for
-a figure that has a number, is refused when the record is made, so none is ever written.
-`dvc metrics show` leaves a null out of its table and shows `why_null.<key>` in its place.
+Flat and numbers only, so that `dvc metrics show` prints a run as one row of figures: each key
+names its unit, and the benchmark's tau comes as one key per temperature (tau_key). A figure the
+run cannot give is null, which `dvc metrics show` leaves out of its row. Its reason goes in the
+notes, not in the metrics file: DVC reads every value of a metrics file as a metric, and would
+print each reason as a column of prose. A null without its reason, or a reason for a figure that
+has a number, is refused when the notes are made, so neither is ever written.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -30,7 +33,7 @@ def tau_key(temperature: float) -> str:
 
 @dataclass(frozen=True)
 class RunMetrics(Report):
-    """The figures, in the order the file lists them, and the reason for each null one."""
+    """The figures, in the order the file lists them."""
 
     STAGE: ClassVar[str] = "report"
 
@@ -45,18 +48,6 @@ class RunMetrics(Report):
     benchmark_tau_tokens_per_step: dict[float, float | None]  # per temperature
     extract_tokens_per_s: float | None
     train_tokens_per_s: float | None
-    train_padding_share: float
-    train_target_forward_share: float | None
-    why_null: dict[str, str]  # per null figure's key: why the run has no number for it
-
-    def __post_init__(self) -> None:
-        """Refuse a null figure without its reason, and a reason for a figure that has one."""
-        nulls = [k for k, v in self.figures().items() if is_null(v)]
-        unexplained = [k for k in nulls if k not in self.why_null]
-        if unexplained:
-            raise Mismatch(WHY_NULL, f'figure "{unexplained[0]}" is null, with no reason given')
-        if stray := [k for k in self.why_null if k not in nulls]:
-            raise Mismatch(WHY_NULL, f'a reason for "{stray[0]}", which is not null')
 
     def figures(self) -> dict[str, Any]:
         """Every figure under its key in the file, in order (the taus as tau_key's)."""
@@ -66,12 +57,12 @@ class RunMetrics(Report):
                 out.update(
                     {tau_key(t): tau for t, tau in self.benchmark_tau_tokens_per_step.items()}
                 )
-            elif f.name != WHY_NULL:
+            else:
                 out[f.name] = getattr(self, f.name)
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return {**encode(self.figures()), WHY_NULL: dict(self.why_null)}
+        return encode(self.figures())
 
     @classmethod
     def from_json(cls, data: object) -> RunMetrics:
@@ -80,6 +71,25 @@ class RunMetrics(Report):
         taus = {m.group(1): v for k, v in data.items() if (m := _TAU_KEY.fullmatch(k))}
         rest = {k: v for k, v in data.items() if not _TAU_KEY.fullmatch(k)}
         return decode(cls, {**rest, TAUS: taus})
+
+
+@dataclass(frozen=True)
+class MetricsNotes(Report):
+    """reports/metrics_notes.json: why each null figure of reports/metrics.json has no number."""
+
+    STAGE: ClassVar[str] = "report"
+
+    why_null: dict[str, str]  # per null figure's key
+
+    @classmethod
+    def of(cls, metrics: RunMetrics, why_null: Mapping[str, str]) -> MetricsNotes:
+        """The notes of `metrics`: a reason for each null figure and for no other."""
+        nulls = [k for k, v in metrics.figures().items() if is_null(v)]
+        if unexplained := [k for k in nulls if k not in why_null]:
+            raise Mismatch(WHY_NULL, f'figure "{unexplained[0]}" is null, with no reason given')
+        if stray := [k for k in why_null if k not in nulls]:
+            raise Mismatch(WHY_NULL, f'a reason for "{stray[0]}", which is not null')
+        return cls(dict(why_null))
 
 
 def is_null(value: object) -> bool:

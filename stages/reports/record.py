@@ -3,23 +3,23 @@
 The JSON is the record's fields as they are declared (nested records as objects, a mapping's
 keys as text: a temperature 0.7 as "0.7"), NaN as null, written atomically (write_json). Reading
 is strict: every field must be there, no other key may be, and every value must be of its
-field's type, else ReportError names the file, the key and the stage to rerun. A write checks the
-same before it writes, so no stage writes a report its readers refuse.
+field's type (checked as params.yaml's are, stages/runtime/typed.py), else ReportError names the
+file, the key and the stage to rerun. A write checks the same before it writes, so no stage
+writes a report its readers refuse.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import json
 import math
-import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, TypeVar
 
 from ..runtime.files import write_json
+from ..runtime.typed import Typed, field_at, record_fields
 
 R = TypeVar("R", bound="Report")
 T = TypeVar("T")
@@ -110,102 +110,56 @@ def encode(value: Any) -> Any:
     return value
 
 
-def decode(tp: Any, value: object, at: str = "") -> Any:
-    """`value` (parsed JSON) as type `tp`: a record, dict, list, X | None, Literal or scalar."""
-    origin = get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (Union, types.UnionType):
-        return _decode_union(get_args(tp), value, at)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _decode_record(tp, value, at)
-    if origin in (dict, Mapping):
-        key_type, value_type = get_args(tp)
-        items = _expect(dict, value, at, "an object")
-        return {
-            _decode_key(key_type, k, at): decode(value_type, v, f'{at}["{k}"]')
-            for k, v in items.items()
-        }
-    if origin is list:
-        (item_type,) = get_args(tp)
-        return [decode(item_type, v, f"{at}[{i}]") for i, v in enumerate(_expect(list, value, at))]
-    if origin is Literal:
-        if value not in get_args(tp):
-            allowed = " or ".join(map(_shown, get_args(tp)))
-            raise Mismatch(at, f"{_shown(value)} where {allowed} belongs")
-        return value
-    return _decode_scalar(tp, value, at)
+class _Reading(Typed):
+    """Reports as their stages write them: every field present and no other key (defaults fill
+    nothing in, so a key renamed by its writer is refused, not read as its default), each
+    refusal worded in JSON's terms."""
+
+    Problem = Mismatch
+
+    def record(self, tp: type, value: object, at: str) -> Any:
+        data = self.expect(dict, value, at)
+        fields = record_fields(tp)
+        missing = [n for n in fields if n not in data]
+        unknown = [k for k in data if k not in fields]
+        if missing:
+            close = difflib.get_close_matches(missing[0], unknown, n=1)
+            instead = f' (the file has "{close[0]}" instead)' if close else ""
+            raise Mismatch(at, f'key "{missing[0]}" is missing{instead}')
+        if unknown:
+            raise Mismatch(at, f'unknown key "{unknown[0]}" (the record has no such field)')
+        return tp(**{n: self.read(t, data[n], field_at(at, n)) for n, (_, t) in fields.items()})
+
+    def entry(self, at: str, key: object) -> str:
+        return f'{at}["{key}"]'
+
+    def name(self, tp: Any) -> str:
+        if tp is dict or dataclasses.is_dataclass(tp):
+            return "an object"
+        return _NAMES.get(tp, getattr(tp, "__name__", str(tp)))
+
+    def refuse(self, value: object, belongs: str, at: str) -> Exception:
+        return Mismatch(at, f"{_shown(value)} where {belongs} belongs")
+
+    def not_among(self, value: object, choices: tuple, at: str) -> Exception:
+        return self.refuse(value, " or ".join(map(_shown, choices)), at)
 
 
-def _decode_union(options: tuple, value: object, at: str) -> Any:
-    if value is None and type(None) in options:
-        return None
-    problems = []
-    for option in (o for o in options if o is not type(None)):
-        try:
-            return decode(option, value, at)
-        except Mismatch as err:
-            problems.append(err)
-    if len(problems) == 1:
-        raise problems[0]
-    raise Mismatch(at, f"{_shown(value)} is none of {' | '.join(map(_name, options))}")
+_NAMES = {
+    type(None): "null",
+    int: "a whole number",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    list: "a list",
+}
+_READING = _Reading()
 
 
-@functools.cache
-def _fields(tp: type) -> dict[str, Any]:
-    """A record's init fields and their types, in declaration order."""
-    hints = get_type_hints(tp)
-    return {f.name: hints[f.name] for f in dataclasses.fields(tp) if f.init}
-
-
-def _decode_record(tp: type, value: object, at: str) -> Any:
-    """Every field present and no other key: defaults fill nothing in, so a key renamed by its
-    writer is refused, not read as its default."""
-    data = _expect(dict, value, at, "an object")
-    fields = _fields(tp)
-    missing = [n for n in fields if n not in data]
-    unknown = [k for k in data if k not in fields]
-    if missing:
-        close = difflib.get_close_matches(missing[0], unknown, n=1)
-        instead = f' (the file has "{close[0]}" instead)' if close else ""
-        raise Mismatch(at, f'key "{missing[0]}" is missing{instead}')
-    if unknown:
-        raise Mismatch(at, f'unknown key "{unknown[0]}" (the record has no such field)')
-    return tp(**{n: decode(t, data[n], f"{at}.{n}" if at else n) for n, t in fields.items()})
-
-
-def _decode_key(tp: Any, key: str, at: str) -> Any:
-    if tp is str:
-        return key
-    try:
-        return tp(key)
-    except ValueError:
-        raise Mismatch(at, f'key "{key}" is not a {_name(tp)}') from None
-
-
-def _decode_scalar(tp: Any, value: object, at: str) -> Any:
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, str, bool) and type(value) is tp:
-        return value
-    if tp in (int, float, str, bool):
-        raise Mismatch(at, f"{_shown(value)} where a {_name(tp)} belongs")
-    raise TypeError(f"a report field of type {tp!r}, which stages/reports/record.py cannot read")
-
-
-def _expect(kind: type, value: object, at: str, words: str = "a list") -> Any:
-    if not isinstance(value, kind):
-        raise Mismatch(at, f"{_shown(value)} where {words} belongs")
-    return value
+def decode(tp: Any, value: object) -> Any:
+    """`value` (parsed JSON) as type `tp`, or Mismatch saying where it is not."""
+    return _READING.read(tp, value, "")
 
 
 def _shown(value: object) -> str:
     return "null" if value is None else json.dumps(value, default=repr)[:60]
-
-
-def _name(tp: Any) -> str:
-    if tp is type(None):
-        return "null"
-    return {int: "whole number", float: "number", str: "string", bool: "true/false"}.get(
-        tp, getattr(tp, "__name__", str(tp))
-    )

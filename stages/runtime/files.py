@@ -132,7 +132,7 @@ def _replacing(
             os.replace(tmp, final)
             if sums is not None:
                 os.replace(sums, checksum_path(final))
-            _sync_dir(final.parent)
+            sync_dir(final.parent)
     finally:
         remove_path(tmp)
         if sha256:
@@ -226,7 +226,7 @@ def _sync(path: Path) -> None:
         for sub in sorted(path.rglob("*")):
             if sub.is_file():
                 _fsync_file(sub)
-        _sync_dir(path)
+        sync_dir(path)
     elif path.exists():
         _fsync_file(path)
 
@@ -239,7 +239,7 @@ def _fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def _sync_dir(path: Path) -> None:
+def sync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # some file systems cannot sync a directory
         fd = os.open(path, os.O_RDONLY)
         try:

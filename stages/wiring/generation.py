@@ -79,3 +79,27 @@ def engine_facts(engine, target: TargetParams) -> dict:
     if hasattr(engine, "facts"):
         return served_facts(engine.facts(), target)
     return in_process_facts(target)
+
+
+# The commit whose generate stage wrote raw data last without generated_by (its rows' facts).
+LEGACY_COMMIT = "1f15548"
+
+
+def legacy_fingerprint(target: TargetParams, sampling: Sampling, regenerate: str) -> str:
+    """The fingerprint the stage of LEGACY_COMMIT wrote for these params: raw data from then
+    records no facts, so it is kept when its rows' fingerprint equals this (the values hashed
+    by that formula, not the facts: target.dtype as given, no server's). Keep it, and
+    model_fingerprint, as they are (tests/fixtures/raw_before_facts holds rows that commit wrote):
+    a change throws away every dataset generated before the facts were recorded."""
+    settings = [target.template_kwargs, target.roles, target.dtype]
+    model = model_fingerprint(target.path, target.chat_template, settings)
+    values = {  # that commit's Sampling.__dict__, field by field
+        "max_new_tokens": sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "seed": sampling.seed,
+        "stop_ids": sampling.stop_ids,
+    }
+    payload = json.dumps([model, values, regenerate], sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]

@@ -18,7 +18,7 @@ from stages.reporting.anatomy import decode_marked, split_reply
 from stages.reporting.card import speculators_command
 from stages.reporting.page import buckets
 from stages.reporting.summary import UNITS, run_metrics, unit
-from stages.reports.metrics import WHY_NULL, tau_key
+from stages.reports.metrics import tau_key
 from stages.reports.record import ReportError
 from stages.target_model.tokens import TokenRoles
 from tests.conftest import ROOT
@@ -165,7 +165,9 @@ def test_histogram_gaps_are_zero_buckets():
 
 
 def test_metrics_are_few_and_name_their_unit():
-    m = run_metrics(
+    """A dozen figures: with DVCLive's step, loss and replayed tau, `dvc metrics show` prints
+    at most 15 columns."""
+    m, notes = run_metrics(
         generate={"a": generate_report("a", 3, 30), "b": generate_report("b", 2, 10)},
         merge=MERGE,
         answers={
@@ -185,7 +187,7 @@ def test_metrics_are_few_and_name_their_unit():
         expect={"a": (True, False), "b": (False, True)},
         vocab=VOCAB,
         extract=replace(EXTRACT, extracted_tokens=0, tokens_per_s=0.0),  # nothing left
-        train=replace(TRAIN, features="online hf", target_forward_share=0.6),
+        train=TRAIN,
         benchmark=BENCHMARK,
     )
     assert m.figures() == {
@@ -201,14 +203,12 @@ def test_metrics_are_few_and_name_their_unit():
         "benchmark_tau_t0.7_tokens_per_step": 2.2,
         "extract_tokens_per_s": None,
         "train_tokens_per_s": 1000.0,
-        "train_padding_share": 0.05,
-        "train_target_forward_share": 0.6,
     }
-    assert m.why_null == {
+    assert notes.why_null == {
         "extract_tokens_per_s": "not measured: this run extracted nothing (every shard was on "
         "disk already)"
     }
-    assert all(unit(k) for k in m.figures()) and len(m.figures()) <= 14
+    assert all(unit(k) for k in m.figures()) and len(m.figures()) <= 12
     assert tau_key(1.0) == "benchmark_tau_t1_tokens_per_step"
     assert set(UNITS) >= {"_share", "_tokens_per_s"}
 
@@ -246,7 +246,7 @@ def test_tile_captions_wrap_between_words_only(run):
     page = run["out"].read_text()
     assert "break-all" not in page
     captions = re.findall(r'<div class="k">(.*?)<br>', page)
-    keys = list(json.loads(run["metrics"].read_text()))[:-1]  # the figures, why_null aside
+    keys = list(json.loads(run["metrics"].read_text()))
     assert [c.replace("<wbr>", "") for c in captions] == keys
     for caption in captions:
         assert all(piece.endswith("_") for piece in caption.split("<wbr>")[:-1]), caption
@@ -254,9 +254,10 @@ def test_tile_captions_wrap_between_words_only(run):
 
 
 def test_a_null_figure_shows_why_on_its_tile(run):
-    why = json.loads(run["metrics"].read_text())[WHY_NULL]["train_target_forward_share"]
+    why = json.loads(run["metrics-notes"].read_text())["why_null"]["extract_tokens_per_s"]
     tile = re.search(
-        r'forward_<wbr>share<br>[^<]*</div><div class="why">([^<]*)</div>', run["out"].read_text()
+        r'extract_<wbr>tokens_<wbr>per_<wbr>s<br>[^<]*</div><div class="why">([^<]*)</div>',
+        run["out"].read_text(),
     )
     assert tile and html.unescape(tile.group(1)) == why
 
@@ -280,19 +281,35 @@ def test_metrics_file(run):
     assert m["generated_samples"] == 16 and m["truncated_max_share"] == 0.125
     assert m["benchmark_tau_t0.7_tokens_per_step"] == 2.2
     assert m["tool_call_min_share"] == 0.5  # 3 of the 6 tools replies that stopped call one
-    m.pop(WHY_NULL)  # the reasons beside the null figures (test_every_null_metric_says_why)
     assert all(unit(k) for k in m)
 
 
+def test_the_metrics_file_holds_numbers_only(run):
+    """DVC reads every value of a metrics file as a metric: a text would be a column of prose in
+    `dvc metrics show`. Each leaf is a number, or null (which DVC leaves out)."""
+
+    def leaves(value: object) -> list:
+        if isinstance(value, dict):
+            return [leaf for v in value.values() for leaf in leaves(v)]
+        if isinstance(value, list):
+            return [leaf for v in value for leaf in leaves(v)]
+        return [value]
+
+    found = leaves(json.loads(run["metrics"].read_text()))
+    assert found and all(
+        v is None or (isinstance(v, int | float) and not isinstance(v, bool)) for v in found
+    ), found
+
+
 def test_every_null_metric_says_why(run):
-    """As on the CPU demo, training read stored features: no target forward share, and the file
-    says so beside the null."""
+    """The extraction had nothing left to do: no extraction rate, and the notes beside the
+    metrics file say so."""
     m = json.loads(run["metrics"].read_text())
-    why = m.pop(WHY_NULL)
+    why = json.loads(run["metrics-notes"].read_text())["why_null"]
     nulls = {k for k, v in m.items() if v is None}
-    assert nulls == set(why) == {"train_target_forward_share"}
+    assert nulls == set(why) == {"extract_tokens_per_s"}
     assert all(reason.startswith("not measured: ") for reason in why.values())
-    assert "stored features" in why["train_target_forward_share"]
+    assert "extracted nothing" in why["extract_tokens_per_s"]
 
 
 def test_the_report_stage_refuses_a_report_with_a_renamed_key(tmp_path):
@@ -310,6 +327,7 @@ def test_the_report_stage_refuses_a_report_with_a_renamed_key(tmp_path):
             **{k.replace("-", "_"): v for k, v in paths.items()}, params=tmp_path / "params.yaml"
         )
     assert not paths["metrics"].exists() and not paths["out"].exists()
+    assert not paths["metrics-notes"].exists()
 
 
 def test_model_card(run):
@@ -347,7 +365,8 @@ def test_speculators_command_parses_as_speculators_reads_it():
 
 def test_dvc_yaml_declares_the_run_metrics_file_and_the_live_training_one():
     """reports/metrics.json, the run's figures, and train's DVCLive figures (what `dvc exp show`
-    shows of a run in progress); no other report is a metrics file."""
+    shows of a run in progress); no other report is a metrics file, the notes on the figures
+    included."""
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     bodies = {name: spec.get("do", spec) for name, spec in stages.items()}
 
@@ -360,6 +379,8 @@ def test_dvc_yaml_declares_the_run_metrics_file_and_the_live_training_one():
     outs = {path: e for body in bodies.values() for path, e in named(body.get("outs", [])).items()}
     for path in DETAILED:
         assert outs[path] == {path: {"cache": False, "persist": True}}, path  # plain outputs
+    notes = "reports/metrics_notes.json"  # text: an output of the report stage, no metric
+    assert outs[notes] == {notes: {"cache": False}}
     deps = bodies["report"]["deps"]
     assert {"reports/benchmark.json", "reports/train.json", "models/drafter"} <= set(deps)
     assert "models/card/README.md" in named(bodies["report"]["outs"])

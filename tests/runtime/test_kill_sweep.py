@@ -36,7 +36,11 @@ file and no lock anywhere, and against the uninterrupted run:
 - extract: every file of data/hidden (shards, checksums, index.parquet, meta.json) bit for bit,
   and no shard that was in place at the kill extracted again;
 - train: last.pt and best.pt weights, the export, the curves and train.json (all but timings)
-  identical, every step once in the curve, resumed at the step of the last.pt the kill left.
+  identical, every step once in the curve, resumed at the step of the last.pt the kill left;
+- swap: train again over an earlier run's checkpoints (other params), every point a write point
+  inside the swap that keeps them aside (runtime/swap.py: the files moved, the journal): once the
+  resume code has finished the swap the kill cut short, the earlier run is whole, in place or
+  aside; the rerun ends as train's uninterrupted run.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from stages.artifacts.raw import part_facts, parts, read_raw
 from stages.cli import run
 from stages.runtime.files import checksum_problem
 from stages.runtime.outputs import LOCK_NAME
+from stages.runtime.swap import STAGING, finish_swap
 from tests.conftest import ROOT
 from tests.project import copy_project, ran_stages
 from tests.reliability import leftovers, tree
@@ -307,6 +312,44 @@ def earlier_generation(project: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+EARLIER_RUN = Path(".sweep-earlier-run")  # in the project copy: the checkpoints a swap keeps aside
+
+
+def earlier_run(project: Path) -> None:
+    """Train's uninterrupted checkpoints as another run's (another lr in run.json)."""
+    copy(project / "models/checkpoints", project / EARLIER_RUN)
+    (project / EARLIER_RUN / LOCK_NAME).unlink(missing_ok=True)
+    run = json.loads((project / EARLIER_RUN / "run.json").read_text())
+    run["train"]["lr"] *= 2
+    (project / EARLIER_RUN / "run.json").write_text(json.dumps(run))
+
+
+def put_earlier_run(project: Path) -> None:
+    copy(project / EARLIER_RUN, project / "models/checkpoints")
+
+
+def swap_saved(project: Path) -> str | None:
+    """What of the earlier run is not whole once the swap the kill cut short is finished, as the
+    resume code finishes it (on a copy; None: every file of it, in place or aside)."""
+    recovered = project.parent / f"{project.name}-swap-recovered"
+    remove(recovered)
+    copy(project / "models/checkpoints", recovered)
+    finish_swap(recovered)
+    want = {p.name: p.read_bytes() for p in (project / EARLIER_RUN).iterdir()}
+    for where in (recovered, recovered / "earlier"):
+        found = {n: (where / n).read_bytes() for n in want if (where / n).is_file()}
+        if found == want:
+            return None
+    return f"the earlier run is not whole after the swap is finished: {tree(recovered)}"
+
+
+def swap_findings(project: Path, reference: Path, saved: str | None, output: str) -> Findings:
+    found = train_findings(project, reference, None, output)
+    if saved:
+        found.lost.append(saved)
+    return found
+
+
 @dataclass(frozen=True)
 class Stage:
     """A stage the sweep kills: its name in dvc.yaml, what it writes (removed before each run),
@@ -320,6 +363,7 @@ class Stage:
     saved: Callable[[Path], object]
     findings: Callable[[Path, Path, Any, str], Findings]
     setup: Callable[[Path], None] | None = None  # what the run starts from, after the reset
+    writes_in: str | None = None  # every point a write point, among the writes under this name
 
 
 STAGES = {
@@ -357,6 +401,17 @@ STAGES = {
         train_saved,
         train_findings,
     ),
+    "swap": Stage(
+        "train",
+        ("models/checkpoints", "models/drafter", "reports/train.json")
+        + tuple(f"reports/plots/train_{n}.csv" for n in ("loss", "evals", "acceptance")),
+        ("data/hidden",),
+        f"models/checkpoints/{LOCK_NAME}",
+        swap_saved,
+        swap_findings,
+        put_earlier_run,
+        f"models/checkpoints/{STAGING}",
+    ),
 }
 
 
@@ -365,14 +420,16 @@ class KillPoint:
     stage: str
     index: int
     draw: float  # in [0, 1): the fraction of the run's time after its lock, or which write
+    writes_only: bool = False  # every point a write point (a step of a few syscalls)
 
     @property
     def in_write(self) -> bool:
-        return self.index % 3 == 2
+        return self.writes_only or self.index % 3 == 2
 
     @property
     def via_dvc(self) -> bool:
-        return self.index % 9 == 0  # never a write point: dvc runs the stage's plain command
+        # never a write point: dvc runs the stage's plain command
+        return not self.writes_only and self.index % 9 == 0
 
     def __str__(self) -> str:
         how = ("dvc" if self.via_dvc else "cmd") + ("-write" if self.in_write else "-time")
@@ -381,7 +438,8 @@ class KillPoint:
 
 def kill_points(stage: str, n: int) -> list[KillPoint]:
     start = random.Random(f"{SEED}-{stage}").random()
-    return [KillPoint(stage, i, (start + i * GOLDEN) % 1) for i in range(n)]
+    only = STAGES[stage].writes_in is not None
+    return [KillPoint(stage, i, (start + i * GOLDEN) % 1, only) for i in range(n)]
 
 
 @dataclass(frozen=True)
@@ -473,7 +531,11 @@ def reference_run(sweep: Sweep, stage: Stage) -> Reference:
     times = RunTimes(before_lock, time.monotonic() - locked)
     for rel in stage.outputs:
         copy(sweep.project / rel, sweep.reference / rel)
-    return Reference(writes(record, 0), times)
+    written = writes(record, 0)
+    if stage.writes_in:  # the journal's too: `.aside-swap.json` begins with the folder's name
+        written = [w for w in written if str(w).startswith(str(sweep.project / stage.writes_in))]
+        assert written, f"{stage.name} wrote nothing under {stage.writes_in}"
+    return Reference(written, times)
 
 
 def age_s(pid: int) -> float:
@@ -525,6 +587,9 @@ def sweep(tmp_path_factory, demo_target, request):
     earlier_generation(sweep.project)
     reset(sweep, STAGES["replace"])
     sweep.runs["replace"] = reference_run(sweep, STAGES["replace"])  # outputs as generate's
+    earlier_run(sweep.project)
+    reset(sweep, STAGES["swap"])
+    sweep.runs["swap"] = reference_run(sweep, STAGES["swap"])  # outputs as train's
     yield sweep
     if sweep.outcomes:  # printed past pytest's capture, as `capsys.disabled()` does
         with request.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
@@ -548,8 +613,10 @@ def killed(sweep: Sweep, stage: Stage, point: KillPoint, times: RunTimes) -> Kil
     stacks = sweep.logs / f"{point}-stacks.json"
     stacks.unlink(missing_ok=True)
     _, _, module, *args = command(stage.name)
+    stopped = None  # a write point's file, renamed into place when the process was frozen
     if point.in_write:
         k = int(point.draw * len(writes))
+        stopped = str(writes[k])
         cmd = [sys.executable, str(STOPPER), module, *args]
         env = run_env(STOP_AT=str(writes[k]), STOP_COUNT=str(writes[: k + 1].count(writes[k])))
     else:
@@ -588,7 +655,8 @@ def killed(sweep: Sweep, stage: Stage, point: KillPoint, times: RunTimes) -> Kil
                     os.kill(pid, signal.SIGSTOP)
             time.sleep(POLL_S)
         temps = [p for p in tree(sweep.project) if p.rstrip("/").endswith(f".tmp-{pid}")]
-        phase, where = landed(stacks, temps)
+        # a file moved whole (the checkpoint swap) leaves no temp file: the rename is the write
+        phase, where = ("write", stopped) if stopped and not temps else landed(stacks, temps)
         return Kill(pid, phase, where, output_leftovers(sweep.project), stage.saved(sweep.project))
     finally:
         with contextlib.suppress(ProcessLookupError):  # gone if it ended first

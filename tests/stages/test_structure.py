@@ -190,8 +190,8 @@ def test_an_edit_to_one_sections_code_reruns_the_stages_that_read_it(module, sta
 
 def test_the_plumbing_every_stage_shares_is_small():
     """What every stage depends on: the entry point, the error types, the params' shared schema
-    and its field declaration, and the atomic writes; no engine, no other section, no serving
-    code."""
+    and its field declaration, the type checks params and reports share, and the atomic writes;
+    no engine, no other section, no serving code."""
     every = set(structure.stage_modules(ROOT))
     shared = {
         dep
@@ -206,6 +206,7 @@ def test_the_plumbing_every_stage_shares_is_small():
         "stages/runtime/errors.py",
         "stages/runtime/fields.py",
         "stages/runtime/files.py",
+        "stages/runtime/typed.py",
         "stages/params/__init__.py",
         "stages/params/schema.py",
         "stages/reports/__init__.py",

@@ -58,7 +58,12 @@ STAGE_OUTPUTS = {  # what each stage of the pipeline writes, relative to the pro
         "reports/train.json",
     ],
     "benchmark": ["reports/benchmark.json"],
-    "report": ["reports/index.html", "reports/metrics.json", "models/card/README.md"],
+    "report": [
+        "reports/index.html",
+        "reports/metrics.json",
+        "reports/metrics_notes.json",
+        "models/card/README.md",
+    ],
 }
 
 
