@@ -27,6 +27,7 @@ LAYERS: dict[str, set[str]] = {
     "artifacts": {"runtime"},
     "target_model": {"runtime"},
     "drafter": {"runtime", "artifacts"},
+    "dflash": {"runtime", "artifacts", "drafter"},
     "engines": {"runtime", "artifacts", "target_model", "drafter"},
     "serving": {"runtime", "artifacts", "engines", "reports"},
     "capture": {"runtime", "target_model", "drafter", "engines"},

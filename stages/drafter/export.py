@@ -18,12 +18,14 @@ vLLM speculators-format config is not written: vLLM runs this one with the same 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
+from torch import nn
 
 from ..runtime.files import atomic_path
 from .layers import (
@@ -35,6 +37,7 @@ from .layers import (
 from .model import (
     Eagle3Config,
     Eagle3Drafter,
+    LayerShape,
     TargetFacts,
     rope_fields,
     rope_serving_problem,
@@ -100,21 +103,7 @@ def serving_config(
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": 1,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.intermediate_size,
-        "hidden_act": cfg.hidden_act,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta,
-        "rope_scaling": cfg.rope_scaling,
-        "rope_parameters": {
-            "rope_type": "default",
-            **(cfg.rope_scaling or {}),
-            "rope_theta": cfg.rope_theta,
-        },
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "vocab_size": cfg.vocab_size,
+        **layer_config(cfg, cfg.rope_scaling, cfg.hidden_act),
         "draft_vocab_size": cfg.draft_vocab_size,
         "target_hidden_size": cfg.target_hidden_size,
         "tie_word_embeddings": False,
@@ -137,6 +126,29 @@ def serving_config(
             "target_max_position_embeddings": target.max_position_embeddings,
             "sglang_version": sglang_version,  # the layer ids' SGLang; None: every version
         },
+    }
+
+
+def layer_config(cfg: LayerShape, rope_scaling: dict | None, hidden_act: str) -> dict:
+    """The config.json keys of a draft layer's shapes and rope, as both drafter families write
+    them (rope in both layouts: `rope_theta` + `rope_scaling`, and transformers 5's
+    `rope_parameters`)."""
+    return {
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "hidden_act": hidden_act,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": rope_scaling,
+        "rope_parameters": {
+            "rope_type": "default",
+            **(rope_scaling or {}),
+            "rope_theta": cfg.rope_theta,
+        },
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "vocab_size": cfg.vocab_size,
     }
 
 
@@ -181,20 +193,43 @@ def export_drafter(
         training_args = json.dumps(extra, indent=2) + "\n"
     except TypeError as e:
         raise ValueError(f"export_drafter: `extra` must be JSON-serialisable ({e})") from e
+    return write_checkpoint(
+        drafter,
+        out_dir,
+        target_config,
+        serving_config(cfg, target_config, sglang_version=sglang_version),
+        lambda tmp: check_export(
+            tmp, target_config, list(cfg.aux_layer_ids), sglang_version=sglang_version
+        ),
+        {TRAINING_ARGS_FILE: training_args},
+    )
+
+
+def write_checkpoint(
+    drafter: nn.Module,
+    out_dir: Path | str,
+    target_config: Any,
+    config: dict,
+    check: Callable[[Path], None],
+    extra_files: dict[str, str] | None = None,
+) -> Path:
+    """Write config.json, model.safetensors (floating tensors in the target's dtype) and
+    `extra_files` (name -> text) into a temporary folder, which `check` must pass before it is
+    renamed into `out_dir`: a checkpoint that would load wrongly never stands there."""
     dtype = export_dtype(target_config)
     state = {
         k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous()
         for k, v in drafter.state_dict().items()
     }
-    config = serving_config(cfg, target_config, sglang_version=sglang_version)
     out_dir = Path(out_dir)
     size = sum(t.numel() * t.element_size() for t in state.values())
     with atomic_path(out_dir, size) as tmp:
         tmp.mkdir()
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        (tmp / TRAINING_ARGS_FILE).write_text(training_args)
-        check_export(tmp, target_config, list(cfg.aux_layer_ids), sglang_version=sglang_version)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        check(tmp)
     return out_dir
 
 
@@ -209,10 +244,7 @@ def check_export(
     them, layer ids that make vLLM, or SGLang at `sglang_version` (None: at any known version),
     capture other hidden states than `trained_hf_indices`."""
     out_dir = Path(out_dir)
-    missing_files = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (out_dir / f).exists()]
-    if missing_files:
-        raise ExportError(f"{out_dir}: missing {', '.join(missing_files)}")
-    config = json.loads((out_dir / CONFIG_FILE).read_text())
+    config = read_exported_config(out_dir)
     target = target_facts(target_config)
     problems = _field_problems(config, target_config, target, sglang_version)
     problems += _layer_id_problems(
@@ -228,6 +260,15 @@ def check_export(
         raise ExportError(
             f"{out_dir} would load wrongly in the serving engines:\n  - " + "\n  - ".join(problems)
         )
+
+
+def read_exported_config(out_dir: Path) -> dict:
+    """config.json of an exported drafter (either family), after checking that both files
+    exist."""
+    missing_files = [f for f in (CONFIG_FILE, WEIGHTS_FILE) if not (out_dir / f).exists()]
+    if missing_files:
+        raise ExportError(f"{out_dir}: missing {', '.join(missing_files)}")
+    return json.loads((out_dir / CONFIG_FILE).read_text())
 
 
 def check_exported(out_dir: Path | str, target_config: Any) -> None:

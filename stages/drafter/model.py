@@ -20,8 +20,9 @@ prefix keys 0..i plus the keys of steps 1..k at that same position i (its own ch
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -144,8 +145,9 @@ def rope_fields(config: Any) -> tuple[float, dict | None]:
 
 
 @dataclass(frozen=True)
-class Eagle3Config:
-    """Shapes of the draft model; `aux_layer_ids` are the HF `hidden_states` indices trained on."""
+class LayerShape:
+    """A draft layer's shapes, mirrored from a target layer (`mirrored_config`): the fields both
+    drafter families' configs start with."""
 
     hidden_size: int
     num_attention_heads: int
@@ -156,6 +158,21 @@ class Eagle3Config:
     rope_theta: float
     max_position_embeddings: int
     vocab_size: int
+
+    def head_problems(self) -> list[str]:
+        """Grouped-query attention needs whole groups of query heads per key/value head."""
+        if self.num_attention_heads % self.num_key_value_heads:
+            return [
+                f"num_attention_heads {self.num_attention_heads} is not a multiple "
+                f"of num_key_value_heads {self.num_key_value_heads}"
+            ]
+        return []
+
+
+@dataclass(frozen=True)
+class Eagle3Config(LayerShape):
+    """Shapes of the draft model; `aux_layer_ids` are the HF `hidden_states` indices trained on."""
+
     draft_vocab_size: int
     target_hidden_size: int
     aux_layer_ids: tuple[int, ...]
@@ -170,11 +187,7 @@ class Eagle3Config:
             problems.append(
                 f"aux_layer_ids {list(self.aux_layer_ids)} must hold num_aux={self.num_aux} indices"
             )
-        if self.num_attention_heads % self.num_key_value_heads:
-            problems.append(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple "
-                f"of num_key_value_heads {self.num_key_value_heads}"
-            )
+        problems += self.head_problems()
         if not 0 < self.draft_vocab_size <= self.vocab_size:
             problems.append(
                 f"draft_vocab_size {self.draft_vocab_size} must be in "
@@ -207,47 +220,70 @@ class Eagle3Config:
         here). An explicit rope_theta override applies on top of either. Overrides may raise
         max_position_embeddings, never lower it below the target's.
         """
-        if rope not in ROPE_CHOICES:
-            raise ValueError(
-                f"Eagle3Config.from_target: rope={rope!r}; choose one of "
-                f"{', '.join(map(repr, ROPE_CHOICES))}"
-            )
-        if rope == "plain" and overrides.get("rope_scaling") is not None:
-            raise ValueError(
-                "Eagle3Config.from_target: rope='plain' drops rope_scaling; pass "
-                "rope='mirror' to set rope_scaling yourself"
-            )
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"Eagle3Config.from_target: unknown overrides {sorted(unknown)}")
-        t = target_facts(target_config)
-        values: dict[str, Any] = dict(
-            hidden_size=t.hidden_size,
-            num_attention_heads=t.num_attention_heads,
-            num_key_value_heads=t.num_key_value_heads,
-            head_dim=t.head_dim,
-            intermediate_size=t.intermediate_size,
-            rms_norm_eps=t.rms_norm_eps,
-            rope_theta=t.rope_theta,
-            rope_scaling=t.rope_scaling if rope == "mirror" else None,
-            max_position_embeddings=t.max_position_embeddings,
-            vocab_size=t.vocab_size,
-            draft_vocab_size=draft_vocab_size,
-            target_hidden_size=t.hidden_size,
-            aux_layer_ids=tuple(aux_hf_indices),
-            num_aux=len(aux_hf_indices),
+        return mirrored_config(
+            cls,
+            target_config,
+            rope,
+            lambda t: dict(
+                draft_vocab_size=draft_vocab_size,
+                aux_layer_ids=tuple(aux_hf_indices),
+                num_aux=len(aux_hf_indices),
+            ),
+            overrides,
         )
-        values.update(overrides)
-        if values["max_position_embeddings"] < t.max_position_embeddings:
-            raise ValueError(
-                f"Eagle3Config.from_target: max_position_embeddings "
-                f"{values['max_position_embeddings']} is below the target's "
-                f"{t.max_position_embeddings}; the engines size the draft's rotary "
-                f"table by it, so drafts past that position go wrong and acceptance "
-                f"drops on long contexts. Drop the override or set it to at least "
-                f"{t.max_position_embeddings}"
-            )
-        return cls(**values)
+
+
+DraftConfig = TypeVar("DraftConfig", bound=LayerShape)
+
+
+def mirrored_config(
+    cls: type[DraftConfig],
+    target_config: Any,
+    rope: str,
+    family_fields: Callable[[TargetFacts], dict[str, Any]],
+    overrides: dict[str, Any],
+) -> DraftConfig:
+    """`cls` (a draft config dataclass) whose layers mirror the target's, for both drafter
+    families' `from_target`: the target's shapes and rope (rope="mirror"; "plain" drops the
+    scaling), then `family_fields(target)`, then `overrides`, which may raise
+    max_position_embeddings but never lower it below the target's."""
+    name = f"{cls.__name__}.from_target"
+    if rope not in ROPE_CHOICES:
+        raise ValueError(
+            f"{name}: rope={rope!r}; choose one of {', '.join(map(repr, ROPE_CHOICES))}"
+        )
+    if rope == "plain" and overrides.get("rope_scaling") is not None:
+        raise ValueError(
+            f"{name}: rope='plain' drops rope_scaling; pass rope='mirror' to set rope_scaling "
+            "yourself"
+        )
+    unknown = set(overrides) - {f.name for f in fields(cls)}
+    if unknown:
+        raise ValueError(f"{name}: unknown overrides {sorted(unknown)}")
+    t = target_facts(target_config)
+    values: dict[str, Any] = dict(
+        hidden_size=t.hidden_size,
+        num_attention_heads=t.num_attention_heads,
+        num_key_value_heads=t.num_key_value_heads,
+        head_dim=t.head_dim,
+        intermediate_size=t.intermediate_size,
+        rms_norm_eps=t.rms_norm_eps,
+        rope_theta=t.rope_theta,
+        rope_scaling=t.rope_scaling if rope == "mirror" else None,
+        max_position_embeddings=t.max_position_embeddings,
+        vocab_size=t.vocab_size,
+        target_hidden_size=t.hidden_size,
+        **family_fields(t),
+    )
+    values.update(overrides)
+    if values["max_position_embeddings"] < t.max_position_embeddings:
+        raise ValueError(
+            f"{name}: max_position_embeddings {values['max_position_embeddings']} is below the "
+            f"target's {t.max_position_embeddings}; the engines size the draft's rotary table "
+            "by it, so drafts past that position go wrong and acceptance drops on long "
+            f"contexts. Drop the override or set it to at least {t.max_position_embeddings}"
+        )
+    return cls(**values)
 
 
 def _rope_problems(scaling: dict | None) -> list[str]:
@@ -490,20 +526,28 @@ class DraftKV:
         )
 
 
-class Attention(nn.Module):
-    """Llama attention whose q/k/v read the 2 * hidden wide [embedding ; hidden] input."""
+class Projections(nn.Module):
+    """The q/k/v projections of `in_width`-wide inputs and o back to hidden_size
+    (`self_attn.{q,k,v,o}_proj` in both drafter families' checkpoints)."""
 
-    def __init__(self, cfg: Eagle3Config):
+    def __init__(self, cfg: LayerShape, in_width: int):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
             cfg.head_dim,
         )
-        self.q_proj = Linear(2 * cfg.hidden_size, self.heads * self.head_dim, bias=False)
-        self.k_proj = Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
-        self.v_proj = Linear(2 * cfg.hidden_size, self.kv_heads * self.head_dim, bias=False)
+        self.q_proj = Linear(in_width, self.heads * self.head_dim, bias=False)
+        self.k_proj = Linear(in_width, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = Linear(in_width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+
+
+class Attention(Projections):
+    """Llama attention whose q/k/v read the 2 * hidden wide [embedding ; hidden] input."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__(cfg, 2 * cfg.hidden_size)
         # "auto": fused flex attention on a GPU for a whole prefix, the reference elsewhere;
         # "reference" / "flex" force one (benchmarks compare them; tests check they agree).
         self.impl = "auto"
@@ -596,11 +640,13 @@ def _flex_attention(compiled: bool):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: Eagle3Config):
+    """The SwiGLU MLP of a draft layer (both drafter families)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
-        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=False)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
@@ -621,7 +667,7 @@ class DraftLayer(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(
         self,

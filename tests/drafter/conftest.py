@@ -9,31 +9,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from stages.drafter.layers import default_aux_indices
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.vocab import build_draft_vocab
+from tests.tiny_llama import HIDDEN as HIDDEN  # the drafter tests import the shapes from here
+from tests.tiny_llama import LAYERS, tiny_target, tiny_target_config
+from tests.tiny_llama import VOCAB as VOCAB
+from tests.tiny_llama import one_thread as one_thread  # a fixture, registered by import
 
-VOCAB, HIDDEN, LAYERS, DRAFT_VOCAB = 300, 64, 8, 120
-
-
-def tiny_target_config(**overrides) -> LlamaConfig:
-    values = dict(
-        vocab_size=VOCAB,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        architectures=["LlamaForCausalLM"],
-    )
-    return LlamaConfig(**{**values, **overrides})
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The models here are tiny: thread start-up and contention cost more than the math."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+DRAFT_VOCAB = 120
 
 
 @pytest.fixture(scope="session")
@@ -43,8 +24,7 @@ def target_config() -> LlamaConfig:
 
 @pytest.fixture(scope="session")
 def target(target_config) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    return LlamaForCausalLM(target_config).eval()
+    return tiny_target(target_config)
 
 
 def make_drafter(target_config, seed: int = 1, draft_vocab: int = DRAFT_VOCAB) -> Eagle3Drafter:
