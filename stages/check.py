@@ -10,7 +10,8 @@ nothing downstream.
 Beyond the keys' types it checks what a later stage would otherwise find out with a path in its
 error instead of the key: every file params.yaml names exists, every dataset format has an
 adapter, the sglang capture engine's target has no Mamba or linear-attention layers,
-`train.sglang_version` is a release number.
+`train.sglang_version` and `dflash.sglang_version` are release numbers, and `dflash.mask_token_id`
+is a token of the target's vocabulary that is no role or stop token (generation emits those).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .cli import PathOpt, run
 from .drafter.layers import parse_version
 from .params.benchmark import BenchmarkParams, BenchmarkSource
 from .params.datasets import PrepParams, read_datasets
+from .params.dflash import DFlashParams
 from .params.extract import ExtractParams
 from .params.schema import PARAMS_FILE
 from .params.sections import check_all
@@ -31,6 +33,7 @@ from .reports.check import CheckReport
 from .runtime.errors import ParamsError
 from .sources import FORMATS
 from .target_model.architecture import recurrent_model_type
+from .wiring.target import target_roles, target_tokenizer
 
 
 def main(out: PathOpt, params: Path = PARAMS_FILE) -> None:
@@ -60,12 +63,44 @@ def check_inputs(params: Path) -> None:
                 f"{', '.join(FORMATS)} (an adapter in stages/sources/ adds one)"
             )
         exists(params, f"{key}.path", source.path, "the dataset's file or folder")
-    version = TrainParams.read(params).sglang_version
-    if version is not None:
-        try:
-            parse_version(version)
-        except ValueError as err:
-            raise ParamsError(f"{params}:train.sglang_version: {err} (or null)") from None
+    for key, version in (
+        ("train", TrainParams.read(params).sglang_version),
+        ("dflash", DFlashParams.read(params).sglang_version),
+    ):
+        if version is not None:
+            try:
+                parse_version(version)
+            except ValueError as err:
+                raise ParamsError(f"{params}:{key}.sglang_version: {err} (or null)") from None
+    check_mask_token(params, target)
+
+
+def check_mask_token(params: Path, target: TargetParams) -> None:
+    """DFlash fills a block's drafted positions with `dflash.mask_token_id`: it must be a token
+    of the target's vocabulary (SGLang cannot grow the embedding) that generation never emits,
+    so none of the tokenizer's roles, stop or special ids the template and the engine use."""
+    mask = DFlashParams.read(params).mask_token_id
+    key = f"{params}:dflash.mask_token_id"
+    if mask is None:
+        raise ParamsError(
+            f"{key}: null; name a token id of the target's vocabulary that generation never "
+            f"emits (a reserved or padding token)"
+        )
+    config_file = Path(target.path) / "config.json"
+    if not config_file.is_file():
+        return  # no target there: target.path's own check says so
+    config = json.loads(config_file.read_text())
+    vocab = (config.get("text_config") or config).get("vocab_size")
+    if isinstance(vocab, int) and not 0 <= mask < vocab:
+        raise ParamsError(f"{key}: {mask} is outside the target's vocabulary (0..{vocab - 1})")
+    tokenizer = target_tokenizer(target)
+    roles = {k: v for k, v in target_roles(target, tokenizer).as_dict().items() if v is not None}
+    named = [role for role, tid in roles.items() if tid == mask]
+    if named:
+        raise ParamsError(
+            f"{key}: {mask} is the target's {named[0]} token, which generation emits; name a "
+            f"reserved or padding token instead"
+        )
 
 
 def check_capture_target(params: Path, path: str) -> None:

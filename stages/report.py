@@ -4,13 +4,14 @@
   the length histograms (prompt, reasoning, answer), finish reasons and truncation, reasoning
   presence, tool-call integrity, budget used, failures with their messages, a few sample records
   decoded with the target's tokenizer (reasoning, answer, tool calls apart, special tokens
-  shown); training curves; the benchmark's tau per dataset and position against plain decoding.
+  shown); training curves; the EAGLE-3 and DFlash benchmarks' tau side by side per dataset and
+  position against plain decoding.
 - reports/metrics.json: THE DVC metrics file, the dozen figures a run is judged by, each key
   named with its unit (`stages/reporting/summary.py`); beside it reports/metrics_notes.json, why
   each null figure is null (text, which a metrics file cannot hold without DVC printing it).
 - the drafter's model card (a Hugging Face README.md), beside the report: its tau is only known
   after the benchmark, which reads the drafter, so train cannot write it, and no stage writes
-  into another stage's output.
+  into another stage's output. It gives the DFlash drafter's tau and SGLang launch line too.
 
 Reads params `report`, `datasets`, `quality.histogram_buckets`, `target` (the tokenizer) and
 `train.sglang_version`. The data questions are the quality stage's (`stages/queries/quality.py`, the
@@ -33,11 +34,11 @@ from .params.target import TargetParams
 from .params.train import TrainParams
 from .queries import open_samples, rows
 from .queries.quality import quality_answers
-from .reporting.card import CardFacts, model_card, serving_commands
+from .reporting.card import CardFacts, FamilyTau, model_card, serving_commands
 from .reporting.page import ReportData, SampleView, Serving, render
 from .reporting.samples import sample_views
 from .reporting.summary import run_metrics
-from .reports.benchmark import BenchmarkReport, read_benchmark
+from .reports.benchmark import DFLASH_RECORDS, BenchmarkReport, read_benchmark
 from .reports.extract import ExtractReport
 from .reports.generate import GenerateReport
 from .reports.merge import MergeReport
@@ -46,7 +47,7 @@ from .reports.train import TrainReport
 from .reports.vocab import VocabReport
 from .runtime.files import write_text
 from .runtime.outputs import remove_stale_temps_around
-from .serving.launch import launch_line
+from .serving.launch import Speculation
 from .wiring.artifacts import raw_files
 from .wiring.target import target_roles, target_tokenizer
 
@@ -116,6 +117,7 @@ class StageReports:
     extract: ExtractReport
     train: TrainReport
     benchmark: BenchmarkReport
+    dflash: BenchmarkReport  # the DFlash drafter's benchmark
 
     def metrics(
         self, answers: dict, datasets: dict[str, DatasetParams]
@@ -131,30 +133,41 @@ class StageReports:
             extract=self.extract,
             train=self.train,
             benchmark=self.benchmark,
+            dflash=self.dflash,
         )
 
 
 @dataclass(frozen=True)
 class ServedDrafter:
-    """How the drafter is served, worked out once: the card and the page must print the same
-    model, chain depth and layer ids in their commands."""
+    """How the drafters are served, worked out once: the card and the page must print the same
+    model, widths and layer ids in their commands."""
 
     model: str  # what the commands serve: the card's base_model, else the target's path
     drafter_dir: Path
     num_steps: int  # the chain depth the benchmark measured
     layer_ids: dict[str, list | None]  # hf (trained indices), sglang, vllm
+    dflash: Speculation  # the DFlash drafter at the block size its benchmark measured
 
     @property
     def sglang_command(self) -> str:
         """The SGLang launch line both print."""
-        return launch_line(self.model, self.drafter_dir, self.num_steps)
+        return Speculation.eagle3(self.drafter_dir, self.num_steps).launch_line(self.model)
+
+    def families(self, reports: StageReports) -> tuple[FamilyTau, FamilyTau]:
+        """EAGLE-3's benchmark and DFlash's, each with the launch line that serves it."""
+        return (
+            FamilyTau.of(reports.benchmark, self.sglang_command),
+            FamilyTau.of(reports.dflash, self.dflash.launch_line(self.model)),
+        )
 
 
 def served_drafter(
-    card: CardParams, target: TargetParams, drafter_dir: Path, reports: StageReports
+    card: CardParams, target: TargetParams, drafter_dirs: tuple[Path, Path], reports: StageReports
 ) -> ServedDrafter:
     """The layer ids as trained beside those the export gives each server, so that a mismatch
-    shows; the chain depth the benchmark ran."""
+    shows; the chain depth and the block size the benchmarks ran. `drafter_dirs`: the EAGLE-3
+    and the DFlash exports."""
+    drafter_dir, dflash_dir = drafter_dirs
     drafter_config = read_json(drafter_dir / "config.json")
     layer_ids = {
         "hf": reports.extract.aux_hf_indices,
@@ -168,6 +181,7 @@ def served_drafter(
         drafter_dir=drafter_dir,
         num_steps=reports.benchmark.num_steps,
         layer_ids=layer_ids,
+        dflash=Speculation.dflash(dflash_dir, reports.dflash.tokens_verified_per_step),
     )
 
 
@@ -181,6 +195,7 @@ def card_facts(
     """What the model card states: the card params, the data mix, the measured tau and the
     training figures, each from the stage that knows it."""
     vocab, train = reports.vocab, reports.train
+    eagle3, dflash = served.families(reports)
     return CardFacts(
         title=card.title or f"EAGLE-3 draft model for {served.model}",
         target=served.model,
@@ -189,14 +204,11 @@ def card_facts(
         tags=card.tags,
         drafter_dir=str(served.drafter_dir),
         num_steps=served.num_steps,
-        sglang_command=served.sglang_command,
         data_mix={n: reports.merge.per_dataset.train.get(n) for n in names},
         layer_ids=served.layer_ids,
         sglang_version=sglang_version,
-        tau={
-            t: {**{d: v.tau for d, v in r.datasets.items()}, "all": r.tau}
-            for t, r in reports.benchmark.temperatures.items()
-        },
+        eagle3=eagle3,
+        dflash=dflash,
         training={
             "steps": train.steps,
             "best step (by replayed tau)": train.best_step,
@@ -222,7 +234,12 @@ def report_data(
     figures, notes = summary
     layer_ids, drafter_dir = served.layer_ids, str(served.drafter_dir)
     commands = serving_commands(
-        served.model, drafter_dir, served.num_steps, served.sglang_command, layer_ids["vllm"]
+        served.model,
+        drafter_dir,
+        served.num_steps,
+        served.sglang_command,
+        layer_ids["vllm"],
+        served.dflash.launch_line(served.model),
     )
     return ReportData(
         title="EAGLE-3 pipeline report",
@@ -238,6 +255,7 @@ def report_data(
         train_evals=read_csv(plots / "train_evals.csv"),
         train_acceptance=read_csv(plots / "train_acceptance.csv"),
         benchmark=reports.benchmark,
+        dflash=reports.dflash,
         serving=Serving(
             layer_ids={
                 "trained on (HF hidden_states indices)": layer_ids["hf"],
@@ -259,8 +277,10 @@ def main(
     extract_report: PathOpt,
     train_report: PathOpt,
     benchmark_report: PathOpt,
+    dflash_report: PathOpt,
     plots: PathOpt,
     drafter_dir: PathOpt,
+    dflash_dir: PathOpt,
     out: PathOpt,
     metrics: PathOpt,
     metrics_notes: PathOpt,
@@ -281,10 +301,11 @@ def main(
         extract=ExtractReport.read(extract_report),
         train=TrainReport.read(train_report),
         benchmark=read_benchmark(benchmark_report),
+        dflash=read_benchmark(dflash_report, DFLASH_RECORDS),
     )
     raw = raw_views(raw_dir, datasets, p, q, target)
     figures, notes = reports.metrics(raw.answers, datasets)
-    served = served_drafter(p.card, target, drafter_dir, reports)
+    served = served_drafter(p.card, target, (drafter_dir, dflash_dir), reports)
     facts = card_facts(p.card, served, train_params.sglang_version, raw.datasets, reports)
     page = render(
         report_data(target.path, (figures, notes), raw, reports, served, plots, card, p.max_chars)

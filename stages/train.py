@@ -20,25 +20,21 @@ models/drafter/training_args.json).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
-import json
-import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig
 
 from .artifacts import hidden
-from .artifacts.hidden import HiddenStates
-from .cli import PathOpt, StageError, params_key, run, summary
+from .cli import PathOpt, params_key, run, summary
+from .drafter.checkpoints import CHECKPOINT_FORMAT as CHECKPOINT_FORMAT  # read here by tests
+from .drafter.checkpoints import EARLIER as EARLIER
+from .drafter.checkpoints import start_or_resume as start_or_resume
 from .drafter.export import check_export, export_drafter
-from .drafter.knobs import LoopKnobs
-from .drafter.layers import parse_version
-from .drafter.model import Eagle3Config, Eagle3Drafter, rope_serving_problem
+from .drafter.model import Eagle3Config, Eagle3Drafter
 from .drafter.training import (
     History,
     LoopSettings,
@@ -52,12 +48,22 @@ from .params.target import TargetParams
 from .params.train import TrainParams
 from .reports.train import STORED, TrainReport
 from .runtime import parallel
-from .runtime.device import resolve_device, set_cpu_threads
+from .runtime.device import resolve_device
 from .runtime.fields import speed_only_keys
-from .runtime.files import ChecksumError, remove_path, verify_checksum, write_csv, write_json
-from .runtime.outputs import LOCK_NAME, output_lock, remove_stale_temps, remove_stale_temps_around
-from .runtime.swap import OWN, drop_aside, finish_swap, keep_aside
+from .runtime.files import write_csv
 from .target_model.weights import embedding_and_head
+from .wiring.drafter_run import (
+    best_checkpoint,
+    checkpoint_identity,
+    complete_run,
+    guarded_outputs,
+    loop_settings,
+    prepare,
+    refuse_unservable_rope,
+    serving_target,
+    start_run,
+    verified_splits,
+)
 from .wiring.online_features import online_features
 
 
@@ -74,16 +80,8 @@ def build_drafter(
 
 
 def settings(p: TrainParams, train_samples: int) -> LoopSettings:
-    """The loop's settings: the knobs as params set them, and the steps derived from the keys."""
-    steps_per_epoch = math.ceil(train_samples / p.batch_size)
-    total = p.max_steps or max(1, math.ceil(steps_per_epoch * p.epochs))
-    knobs = {f.name: getattr(p, f.name) for f in dataclasses.fields(LoopKnobs)}
-    return LoopSettings(
-        **knobs,
-        total_steps=total,
-        warmup_steps=max(1, int(total * p.warmup_ratio)),
-        compile=p.compile is not False,
-    )
+    """The loop's settings with the TTT objective's knobs, as params set them."""
+    return loop_settings(p, train_samples, LoopSettings)
 
 
 # Params that change how fast a run computes, not what it trains: changing them resumes the run.
@@ -91,66 +89,13 @@ SPEED_ONLY = speed_only_keys(TrainParams)
 
 # The evaluations' figures per step, for the report and `dvc plots`
 EVAL_COLUMNS = ("step", "replayed_tau", "simulated_tau")
-# What a checkpoint holds; raise it when that changes (2: evaluations carry replayed_tau; 3:
-# a size and sha256 beside each), so that older checkpoints start the run over instead of failing
-# to resume.
-CHECKPOINT_FORMAT = 3
 
 
 def run_identity(p: TrainParams, features: str, vocab_file: Path) -> dict:
     """What checkpoints belong to: the params that change the drafter (all but SPEED_ONLY), the
     features' fingerprint and the vocabulary file's hash."""
-    return {
-        "train": {k: v for k, v in p.__dict__.items() if k not in SPEED_ONLY},
-        "hidden": features,
-        "vocab": hashlib.sha256(vocab_file.read_bytes()).hexdigest()[:16],
-    }
-
-
-EARLIER = "earlier"  # in the checkpoint folder: another run's checkpoints, kept aside
-
-
-def start_or_resume(checkpoint_dir: Path, run: dict) -> None:
-    """Keep checkpoints only when they belong to this exact run (params, features, vocab) and
-    were written in this checkpoint format; drop what a killed run left half-written. Another
-    run's checkpoints are kept aside in `earlier/` until this run completes (a run that fails
-    leaves them), and come back when the params are set back to theirs. A swap that a kill cut
-    short is finished first, so each run's checkpoints are whole again."""
-    run = {"checkpoint_format": CHECKPOINT_FORMAT, **run}
-    remove_stale_temps(checkpoint_dir)  # a killed run's half-saved checkpoint or journal
-    finish_swap(checkpoint_dir)
-    run_file, aside = checkpoint_dir / "run.json", checkpoint_dir / EARLIER
-    if run_file.exists() and not _same_run(run_file, run):
-        if _same_run(aside / "run.json", run):
-            print(f"[train] the params are the earlier run's again: resuming it from {aside}")
-            _keep_aside(checkpoint_dir, aside, back=True)
-        else:
-            print(
-                f"[train] params, features, vocab or checkpoint format changed: starting over "
-                f"in {checkpoint_dir}, the earlier checkpoints kept in {aside} until this run "
-                f"completes"
-            )
-            _keep_aside(checkpoint_dir, aside, back=False)
-    write_json(run, run_file)
-
-
-def _same_run(run_file: Path, run: dict) -> bool:
-    return run_file.exists() and json.loads(run_file.read_text()) == json.loads(json.dumps(run))
-
-
-def _keep_aside(checkpoint_dir: Path, aside: Path, back: bool) -> None:
-    """Put the folder's run aside (replacing one kept there), or, `back`, swap it with the one
-    aside, journaled (runtime/swap.py): a kill at any point of it leaves both runs to resume. A
-    run with no checkpoint yet (it failed before its first) has nothing to keep: it is dropped,
-    and a run already aside stays there."""
-    skip = {LOCK_NAME, EARLIER, *OWN}
-    here = [p for p in checkpoint_dir.iterdir() if p.name not in skip]
-    if not any(p.suffix == ".pt" for p in here):
-        for p in here:
-            remove_path(p)
-        here = []
-    if here or back:
-        keep_aside(checkpoint_dir, aside, [p.name for p in here], back)
+    vocab = hashlib.sha256(vocab_file.read_bytes()).hexdigest()[:16]
+    return {**checkpoint_identity(p, features), "vocab": vocab}
 
 
 def main(
@@ -168,36 +113,21 @@ def main(
     target = TargetParams.read(params)
     extract = ExtractParams.read(params)  # online: its engine
     rank, device = parallel.start(resolve_device(p.device))
-    # rank 0 holds the checkpoint folder's lock for the whole run: a second training writing the
-    # same checkpoints is refused
-    with (
-        output_lock(checkpoint_dir, "train") if rank.main else contextlib.nullcontext(),
-        parallel.collective_failures_named(rank),
-    ):
-        if rank.main:
-            # what a killed run left half-written: checkpoints, `models/.drafter.tmp-<pid>`,
-            # reports and plots
-            remove_stale_temps_around(checkpoint_dir, out_dir, report, plots / "train_loss.csv")
-        try:
-            _train(
-                p,
-                target,
-                extract,
-                rank,
-                device,
-                hidden_dir,
-                vocab_file,
-                checkpoint_dir,
-                out_dir,
-                report,
-                plots,
-                live,
-            )
-        except ChecksumError as err:
-            raise StageError(
-                f"{err}; a shard: rerun extract (it extracts a damaged shard again); a "
-                f"checkpoint: delete it to train from the start, or restore it"
-            ) from None
+    with guarded_outputs("train", rank, checkpoint_dir, out_dir, report, plots / "train_loss.csv"):
+        _train(
+            p,
+            target,
+            extract,
+            rank,
+            device,
+            hidden_dir,
+            vocab_file,
+            checkpoint_dir,
+            out_dir,
+            report,
+            plots,
+            live,
+        )
     parallel.stop()
 
 
@@ -215,7 +145,7 @@ def _train(
     plots: Path,
     live: Path | None,
 ) -> None:
-    _prepare(p, rank, device)
+    prepare(p, "train", rank, device)
     meta = hidden.read_meta(hidden_dir)
     target_config, drafter = _servable_drafter(p, target, meta, vocab_file)
     embed, head = embedding_and_head(target.path)
@@ -223,12 +153,9 @@ def _train(
     features = (
         online_features(extract, target, meta, device, rank.rank, rank.world) if online else None
     )
-    train_set, eval_set = _verified_splits(hidden_dir, p.max_length, rank)
+    train_set, eval_set = verified_splits(hidden_dir, p.max_length, rank)
     s = settings(p, len(train_set))
-    if rank.main:
-        start_or_resume(checkpoint_dir, run_identity(p, meta.fingerprint, vocab_file))
-    if rank.world > 1:
-        torch.distributed.barrier()
+    start_run("train", checkpoint_dir, run_identity(p, meta.fingerprint, vocab_file), rank)
     if rank.main:
         print(
             f"[train] {len(train_set)} train / {len(eval_set)} eval samples, "
@@ -236,7 +163,7 @@ def _train(
             f"parameters on {device} x {rank.world}"
             + (", features from the target on each batch (extract.store none)" if online else "")
         )
-    objective = Objective(drafter, embed, head, p.ttt_steps, p.decay)
+    objective = Objective(drafter, embed, head, s.ttt_steps, s.decay, s.eval_num_steps)
     resumed = (checkpoint_dir / "last.pt").exists()
     with live_log(live if rank.main else None, resumed) as observe:
         history = train(
@@ -255,19 +182,7 @@ def _train(
         features_from = f"online {meta.engine or 'hf'}" if online else STORED
         compiled = compiles(s.compile, device) and history.compile_failed_at is None
         _write_reports(history, s, p, (rank.world, features_from, compiled), report, plots)
-        drop_aside(checkpoint_dir, checkpoint_dir / EARLIER)  # this run is complete
-
-
-def _prepare(p: TrainParams, rank: parallel.Rank, device: torch.device) -> None:
-    """The process's threads and seed, and a batch that splits over the ranks."""
-    if device.type == "cpu":
-        set_cpu_threads(p.cpu_threads)
-    if p.batch_size % rank.world:
-        raise StageError(
-            f"train.batch_size: {p.batch_size} samples do not split evenly over "
-            f"{rank.world} processes; use a multiple of {rank.world}"
-        )
-    torch.manual_seed(p.seed)
+        complete_run(checkpoint_dir)
 
 
 @contextlib.contextmanager
@@ -298,30 +213,11 @@ def _servable_drafter(
 ) -> tuple[Any, Eagle3Drafter]:
     """The target's config and a fresh drafter shaped for it, refused before any training when
     the SGLang version it is for could not serve its rope scaling."""
-    target_config = AutoConfig.from_pretrained(
-        target.path, local_files_only=True, trust_remote_code=target.trust_remote_code
-    )
+    target_config = serving_target(target)
     with params_key("train.draft"):
         drafter = build_drafter(target_config, meta, vocab_file, p.draft)
-    with params_key("train.sglang_version"):
-        version = parse_version(p.sglang_version) if p.sglang_version else None
-    if problem := rope_serving_problem(drafter.cfg.rope_scaling, version):
-        raise StageError(f"train.draft / train.sglang_version: {problem}")
+    refuse_unservable_rope(drafter.cfg.rope_scaling, p.sglang_version, "train")
     return target_config, drafter
-
-
-def _verified_splits(
-    hidden_dir: Path, max_length: int, rank: parallel.Rank
-) -> tuple[HiddenStates, HiddenStates]:
-    """The train and eval splits, every shard checked to be the file extract wrote (size and
-    sha256) before a step uses it; each rank reads its share once."""
-    train_set = HiddenStates(hidden_dir, "train", max_length)
-    eval_set = HiddenStates(hidden_dir, "eval", max_length)
-    if not len(train_set):
-        raise StageError(f"{hidden_dir / hidden.INDEX}: no train samples; check extract.splits")
-    shards = sorted({r["shard"] for r in train_set.rows + eval_set.rows})
-    hidden.verify_shards(hidden_dir, shards[rank.rank :: rank.world])
-    return train_set, eval_set
 
 
 def _export_best(
@@ -334,11 +230,7 @@ def _export_best(
 ) -> None:
     """Export the best checkpoint (the last when there was nothing to evaluate), not the drafter
     as training left it; checked before the stage ends, so that no engine loads it wrongly."""
-    best_path = checkpoint_dir / "best.pt"
-    chosen = best_path if best_path.exists() else checkpoint_dir / "last.pt"
-    verify_checksum(chosen)
-    best = torch.load(chosen, map_location="cpu", weights_only=True)
-    drafter.load_state_dict(best["model"])
+    drafter.load_state_dict(best_checkpoint(checkpoint_dir)["model"])
     with params_key("train.sglang_version"):
         export_drafter(
             drafter.cpu(),
@@ -364,7 +256,7 @@ def _write_reports(
     shards, or "online <engine>": the target ran on each batch, and the share of the step time
     its forward took is reported) and whether the steps ran compiled."""
     world, features_from, compiled = run
-    best_eval = max(history.evals, key=lambda e: e["replayed_tau"], default=None)
+    best_eval = history.best("replayed_tau")
     metrics = TrainReport(
         steps=s.total_steps,
         final_loss=history.steps[-1]["loss"],
@@ -373,11 +265,8 @@ def _write_reports(
         best_simulated_tau=best_eval["simulated_tau"] if best_eval else None,
         eval_num_steps=p.eval_num_steps,
         world_size=world,
-        tokens_per_s=round(history.tokens_per_s, 1),
-        warmup_s=round(history.warmup_seconds, 1),
-        padding_share=round(history.padding_share, 4),
         compiled=compiled,
-        compile_failed_at_step=history.compile_failed_at,
+        **history.speed(),
         features=features_from,
         target_forward_share=None if features_from == STORED else round(history.target_share, 4),
     )

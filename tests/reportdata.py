@@ -12,7 +12,12 @@ from pathlib import Path
 
 import yaml
 
-from stages.reports.benchmark import InProcessBenchmark, InProcessFigures, InProcessTemperature
+from stages.reports.benchmark import (
+    DFlashInProcessBenchmark,
+    InProcessBenchmark,
+    InProcessFigures,
+    InProcessTemperature,
+)
 from stages.reports.extract import ExtractReport
 from stages.reports.generate import GenerateReport
 from stages.reports.merge import MergeCounts, MergeReport, SplitsByDataset, SplitTotals
@@ -33,8 +38,10 @@ REPORT_ARGS = (
     "extract-report",
     "train-report",
     "benchmark-report",
+    "dflash-report",
     "plots",
     "drafter-dir",
+    "dflash-dir",
     "out",
     "metrics",
     "metrics-notes",
@@ -128,9 +135,11 @@ def _figures(prompts: int, tau: float, last_conditional: float | None) -> InProc
     )
 
 
-def benchmark_report(taus: dict[float, dict[str, float]]) -> InProcessBenchmark:
+def benchmark_report(
+    taus: dict[float, dict[str, float]], record: type[InProcessBenchmark] = InProcessBenchmark
+) -> InProcessBenchmark:
     """Per temperature, each dataset's tau and "all"'s; at 0.7 no chain reached the third draft
-    (NaN, written as null)."""
+    (NaN, written as null). `record`: EAGLE-3's chain of 3, or DFlash's block of 4."""
     temperatures = {
         t: InProcessTemperature(
             **vars(_figures(2 * len(DATASETS), v["all"], 0.85)),
@@ -138,10 +147,13 @@ def benchmark_report(taus: dict[float, dict[str, float]]) -> InProcessBenchmark:
         )
         for t, v in taus.items()
     }
-    return InProcessBenchmark(
+    dflash = record is DFlashInProcessBenchmark
+    return record(
+        drafter="DFlash" if dflash else "EAGLE-3",
         num_steps=3,
+        tokens_verified_per_step=4,
         topk=1,
-        mode="chain",
+        mode="block" if dflash else "chain",
         engine="in-process transformers (KV cache)",
         temperatures=temperatures,
         tau_greedy=taus[0.0]["all"],
@@ -151,6 +163,10 @@ def benchmark_report(taus: dict[float, dict[str, float]]) -> InProcessBenchmark:
 
 BENCHMARK = benchmark_report(
     {0.0: {"chat": 2.5, "tools": 3.1, "all": 2.7}, 0.7: {"chat": 2.0, "tools": 2.6, "all": 2.2}}
+)
+DFLASH = benchmark_report(
+    {0.0: {"chat": 1.8, "tools": 2.3, "all": 2.05}, 0.7: {"chat": 1.5, "tools": 1.9, "all": 1.7}},
+    DFlashInProcessBenchmark,
 )
 
 
@@ -214,8 +230,10 @@ def write_run(root: Path) -> dict[str, Path]:
         "extract-report": root / "reports" / "extract.json",
         "train-report": root / "reports" / "train.json",
         "benchmark-report": root / "reports" / "benchmark.json",
+        "dflash-report": root / "reports" / "benchmark_dflash.json",
         "plots": root / "reports" / "plots",
         "drafter-dir": root / "models" / "drafter",
+        "dflash-dir": root / "models" / "dflash",
         "out": root / "reports" / "index.html",
         "metrics": root / "reports" / "metrics.json",
         "metrics-notes": root / "reports" / "metrics_notes.json",
@@ -231,6 +249,7 @@ def write_run(root: Path) -> dict[str, Path]:
     EXTRACT_RESUMED.write(paths["extract-report"])
     TRAIN.write(paths["train-report"])
     BENCHMARK.write(paths["benchmark-report"])
+    DFLASH.write(paths["dflash-report"])
     plots = paths["plots"]
     plots.mkdir(parents=True, exist_ok=True)
     (plots / "train_loss.csv").write_text(

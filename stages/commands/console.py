@@ -80,7 +80,7 @@ def launch_line(
     generate.sglang.launch (else SGLang's defaults) serving the target; with --drafter, the
     EAGLE-3 flags of the benchmark's chain (benchmark.num_steps) added.
     """
-    from ..serving.launch import speculative_args
+    from ..serving.launch import Speculation
     from ..wiring.engines import server_command
 
     gen = GenerateParams.read(params)
@@ -94,7 +94,7 @@ def launch_line(
     command = server_command(gen.sglang.launch or SGLangLaunchParams(), target)
     if drafter is not None:
         b = BenchmarkParams.read(params)
-        command += speculative_args(drafter, b.num_steps)
+        command += Speculation.eagle3(drafter, b.num_steps).args()
     print(shlex.join(command))
 
 

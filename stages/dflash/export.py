@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from ..drafter.export import (
     CONFIG_FILE,
@@ -192,6 +193,16 @@ def export_dflash(
         serving_config(drafter.cfg, target_config, sglang_version=sglang_version),
         lambda tmp: check_export(tmp, target_config, sglang_version=sglang_version),
     )
+
+
+def load_dflash(out_dir: Path | str) -> DFlashDrafter:
+    """Rebuild the drafter from the exported files alone, its config as SGLang reads it."""
+    out_dir = Path(out_dir)
+    state = load_file(str(out_dir / WEIGHTS_FILE))
+    drafter = DFlashDrafter(sglang_view(read_exported_config(out_dir)))
+    drafter = drafter.to(state["fc.weight"].dtype)
+    drafter.load_state_dict(state, strict=True)
+    return drafter
 
 
 def check_export(

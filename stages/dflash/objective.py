@@ -24,17 +24,20 @@ As the paper (DFlash, arXiv 2602.06036, section "Training") and SpecForge (specf
 
 The inputs are the stored features' batch (`stages.artifacts.hidden.collate`: aux, input_ids,
 loss_mask, attention_mask) and the target's frozen embedding and LM head weights, as the EAGLE-3
-objective takes them.
+objective takes them; `DFlashObjective` is a `LoopObjective`, so the training loop of
+stages/drafter/training.py trains it as it trains EAGLE-3, its checkpoints selected by `tau`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
+from ..drafter.objective import LoopObjective
 from .model import DFlashDrafter
 
 
@@ -55,6 +58,31 @@ class DFlashMetrics:
     scored: Tensor  # [block_size - 1] positions with a supervised label
     accepted: Tensor  # [] leading correct drafts per block (what one verify round accepts)
     blocks: Tensor  # [] valid blocks
+
+    @classmethod
+    def zeros(cls, block_size: int, device: torch.device | str = "cpu") -> DFlashMetrics:
+        drafts = torch.zeros(block_size - 1, dtype=torch.int64, device=device)
+        none = torch.zeros((), dtype=torch.int64, device=device)
+        return cls(drafts, drafts.clone(), none, none.clone())
+
+    def __add__(self, other: DFlashMetrics) -> DFlashMetrics:
+        return DFlashMetrics(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in fields(self))
+        )
+
+    @property
+    def accuracy(self) -> list[float]:
+        """Per draft position 1 .. block_size - 1, the share of scored labels the argmax hits."""
+        return [
+            c / n if n else float("nan")
+            for c, n in zip(self.correct.tolist(), self.scored.tolist())
+        ]
+
+    @property
+    def tau(self) -> float:
+        """Expected tokens per verify step: the mean leading run of correct drafts per block,
+        plus the token the target adds (its own at the first miss, or the bonus after the block)."""
+        return float(self.accepted) / float(self.blocks) + 1 if self.blocks else float("nan")
 
 
 def eligible_anchors(loss_mask: Tensor, attention_mask: Tensor | None, block_size: int) -> Tensor:
@@ -182,12 +210,15 @@ def block_metrics(logits: Tensor, labels: Tensor, scored: Tensor, valid: Tensor)
     )
 
 
-class DFlashObjective(nn.Module):
+class DFlashObjective(LoopObjective):
     """Drafter + the frozen target tensors; forward(batch) -> (loss, metrics), the batch as
-    `stages.artifacts.hidden.collate` builds it. Anchors are drawn from its own generator."""
+    `stages.artifacts.hidden.collate` builds it. Training anchors are drawn from its own
+    generator (its state goes into every checkpoint, so a resumed run draws what the run would
+    have drawn); an evaluation's from a second one reseeded each time it starts, so every
+    evaluation scores the same blocks and never moves the training draws."""
 
-    embed: Tensor  # buffers, registered in __init__
-    lm_head: Tensor
+    ACCEPTANCE = "tau"
+    drafter: DFlashDrafter
 
     def __init__(
         self,
@@ -214,8 +245,9 @@ class DFlashObjective(nn.Module):
         self.drafter = drafter
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
-        self.num_anchors, self.decay_gamma = num_anchors, decay_gamma
+        self.num_anchors, self.decay_gamma, self.seed = num_anchors, decay_gamma, seed
         self.generator = torch.Generator().manual_seed(seed)
+        self.eval_generator = torch.Generator().manual_seed(seed)
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, DFlashMetrics]:
         anchors = sample_anchors(
@@ -223,7 +255,7 @@ class DFlashObjective(nn.Module):
             batch.get("attention_mask"),
             self.drafter.cfg.block_size,
             self.num_anchors,
-            self.generator,
+            self.generator if self.training else self.eval_generator,
         )
         return dflash_loss(
             self.drafter,
@@ -235,3 +267,34 @@ class DFlashObjective(nn.Module):
             anchors,
             self.decay_gamma,
         )
+
+    def train(self, mode: bool = True) -> DFlashObjective:
+        if not mode:  # an evaluation starts: the same blocks as every other
+            self.eval_generator.manual_seed(self.seed)
+        return super().train(mode)
+
+    def zero_metrics(self, device: torch.device) -> DFlashMetrics:
+        return DFlashMetrics.zeros(self.drafter.cfg.block_size, device)
+
+    def acceptance(self, metrics: DFlashMetrics) -> float:
+        return metrics.tau
+
+    def evaluation(self, metrics: DFlashMetrics) -> dict[str, Any]:
+        """tau (checkpoints are selected by it), the accuracy per draft position, the blocks."""
+        return {
+            "tau": round(metrics.tau, 4),
+            "accuracy": [round(a, 4) for a in metrics.accuracy],
+            "blocks": int(metrics.blocks),
+        }
+
+    def describe(self, evaluation: dict[str, Any]) -> str:
+        return (
+            f"tau {evaluation['tau']:.3f} (accepted per verify step, blocks of "
+            f"{self.drafter.cfg.block_size}, {evaluation['blocks']} blocks)"
+        )
+
+    def loop_state(self) -> dict[str, Tensor]:
+        return {"anchors": self.generator.get_state()}
+
+    def load_loop_state(self, state: dict[str, Tensor]) -> None:
+        self.generator.set_state(state["anchors"])

@@ -1,7 +1,8 @@
-"""The training loop's knobs, declared once: `train` keys of params.yaml (TrainParams inherits
-these fields, with their help and ranges) and the loop's settings (LoopSettings adds what is
-derived from the keys). A knob the loop reads is a field here, and nowhere else in code. No torch
-here: the check stage reads these without loading it."""
+"""The training loop's knobs, declared once: keys of params.yaml (a section's class inherits these
+fields, with their help and ranges) and the loop's settings (TrainingSettings adds what is derived
+from the keys). A knob the loop reads is a field of LoopKnobs, one EAGLE-3's objective reads a
+field of TTTKnobs, and nowhere else in code. No torch here: the check stage reads these without
+loading it."""
 
 from __future__ import annotations
 
@@ -11,11 +12,19 @@ from ..runtime.fields import param
 
 
 @dataclass(frozen=True)
-class LoopKnobs:
-    """What the EAGLE-3 training loop (drafter/training.py) reads as the user set it."""
+class TTTKnobs:
+    """What EAGLE-3's objective (training-time test) and its evaluation read as the user set it."""
 
     ttt_steps: int = param(7, "Training-time-test unroll (7 in EAGLE-3).", ge=1)
     decay: float = param(0.8, "Weight of TTT step k is decay**k.", gt=0, le=1)
+    eval_num_steps: int = param(3, "Chain length of the replayed and simulated acceptance.", ge=1)
+
+
+@dataclass(frozen=True)
+class LoopKnobs:
+    """What the training loop (drafter/training.py) reads as the user set it, whichever objective
+    it drives."""
+
     batch_size: int = param(8, "Samples per optimizer step, over all ranks.", ge=1)
     length_window: int = param(
         16,
@@ -28,7 +37,6 @@ class LoopKnobs:
     weight_decay: float = param(0.0, "AdamW weight decay.", ge=0)
     grad_clip: float = param(0.5, "Gradient-norm clip.", gt=0)
     eval_every: int = param(200, "Steps between acceptance evaluations.", ge=1)
-    eval_num_steps: int = param(3, "Chain length of the replayed and simulated acceptance.", ge=1)
     eval_max_samples: int = param(256, "Eval samples per evaluation.", ge=1)
     checkpoint_every: int = param(200, "Steps between checkpoints (the unit of resume).", ge=1)
     seed: int = param(0, "Seed of the initialisation and the sample order.")

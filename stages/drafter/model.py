@@ -451,6 +451,17 @@ class Linear(nn.Linear):
         return fp8_linear(x, self.weight) if self.fp8 else F.linear(x, self.weight)
 
 
+def use_fp8(drafter: nn.Module, on: bool) -> dict[str, tuple[int, int]]:
+    """Switch every `Linear` of a drafter (EAGLE-3's or DFlash's) to FP8 products (or back);
+    their (in, out) widths."""
+    widths = {}
+    for name, module in drafter.named_modules():
+        if isinstance(module, Linear):
+            module.fp8 = on
+            widths[name] = (module.in_features, module.out_features)
+    return widths
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -727,13 +738,8 @@ class Eagle3Drafter(nn.Module):
         self.t2d.copy_(t2d)
 
     def use_fp8(self, on: bool) -> dict[str, tuple[int, int]]:
-        """Switch every linear layer's products to FP8 (or back); their (in, out) widths."""
-        widths = {}
-        for name, module in self.named_modules():
-            if isinstance(module, Linear):
-                module.fp8 = on
-                widths[name] = (module.in_features, module.out_features)
-        return widths
+        """`use_fp8` over this drafter's linear layers."""
+        return use_fp8(self, on)
 
     def draft_ids(self, d2t: Tensor | None = None) -> Tensor:
         """Target id of each draft-vocabulary index."""

@@ -1,14 +1,17 @@
-"""The EAGLE-3 training loop: AdamW, warmup + cosine, grad clip, training-time test loss,
-exact resume, and checkpoint selection by acceptance length (not by loss): serving's rounds
-replayed over the eval spans, the quantity a benchmark measures.
+"""The training loop of every drafter: AdamW, warmup + cosine, grad clip, exact resume, and
+checkpoint selection by acceptance length (not by loss), the quantity a benchmark measures.
 
-Plain torch; DistributedDataParallel when launched by torchrun. The step itself is
-`Objective.forward`, so it can be compiled or benchmarked alone. Batches come from the stored
-features, or (online, `extract.store: none`) from `TargetFeatures` run on each batch on the device.
+What it trains is a `LoopObjective` (objective.py): EAGLE-3's `Objective` below (training-time
+test; its acceptance serving's rounds replayed over the eval spans) or DFlash's
+(stages/dflash/objective.py). Plain torch; DistributedDataParallel when launched by torchrun. The
+step itself is the objective's forward, so it can be compiled or benchmarked alone. Batches come
+from the stored features, or (online, `extract.store: none`) from `TargetFeatures` run on each
+batch on the device.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import queue
 import threading
@@ -16,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
-from typing import Protocol, TypedDict
+from typing import Any, Protocol, TypedDict
 
 import torch
 from torch import nn
@@ -25,8 +28,9 @@ from ..artifacts.hidden import HiddenStates, collate
 from ..runtime.files import atomic_path, verify_checksum
 from ..runtime.parallel import Rank
 from .fp8 import fp8_problem
-from .knobs import LoopKnobs
-from .model import Eagle3Drafter
+from .knobs import LoopKnobs, TTTKnobs
+from .model import Eagle3Drafter, use_fp8
+from .objective import LoopObjective, Metrics, feature_dtype
 from .ttt import TTTMetrics, ttt_forward
 
 
@@ -50,14 +54,15 @@ class LoopState(TypedDict):
     step: int
     epoch: int
     cursor: int  # position in this epoch's shuffled sample order
-    best_replayed_tau: float
+    best_tau: float  # the best evaluation's acceptance (the objective's ACCEPTANCE figure)
 
 
-class Objective(nn.Module):
-    """Drafter + the frozen target tensors it needs; forward(batch) -> (loss, metrics)."""
+class Objective(LoopObjective):
+    """EAGLE-3: drafter + the frozen target tensors it needs; forward(batch) -> (loss, metrics).
+    Its evaluations replay chains of `eval_num_steps` drafts (None: ttt_steps)."""
 
-    embed: torch.Tensor  # buffers, registered in __init__
-    lm_head: torch.Tensor
+    ACCEPTANCE = "replayed_tau"
+    drafter: Eagle3Drafter
 
     def __init__(
         self,
@@ -66,13 +71,14 @@ class Objective(nn.Module):
         lm_head: torch.Tensor,
         ttt_steps: int,
         decay: float,
+        eval_num_steps: int | None = None,
     ):
         super().__init__()
         self.drafter = drafter
         self.register_buffer("embed", embed, persistent=False)
         self.register_buffer("lm_head", lm_head, persistent=False)
         self.ttt_steps, self.decay = ttt_steps, decay
-        self.world = 1  # data-parallel processes; set by `train`
+        self.eval_num_steps = eval_num_steps or ttt_steps
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, TTTMetrics]:
         # Training under DDP: every rank divides by the global count (eval batches differ in
@@ -92,14 +98,25 @@ class Objective(nn.Module):
             denominators=self.per_rank_share if global_mean else None,
         )
 
-    def place(self, device: torch.device) -> Objective:
-        """Move to `device`; the frozen target tensors stay in their stored dtype (bf16) on a GPU,
-        as the target computes with them (a float32 copy would double their memory: 9.4 GB at
-        Kimi-K2.5's vocabulary), and become float32 on the CPU, as the features do."""
-        dtype = feature_dtype(device)
-        if dtype is not None:
-            self.embed, self.lm_head = self.embed.to(dtype), self.lm_head.to(dtype)
-        return self.to(device)
+    def zero_metrics(self, device: torch.device) -> TTTMetrics:
+        return TTTMetrics.zeros(self.ttt_steps, device)
+
+    def acceptance(self, metrics: TTTMetrics) -> float:
+        return replayed_tau(metrics, self.eval_num_steps)
+
+    def evaluation(self, metrics: TTTMetrics) -> dict[str, Any]:
+        """Replayed tau (checkpoints are selected by it), simulated tau, and the per-step rates."""
+        return {
+            "replayed_tau": round(self.acceptance(metrics), 4),
+            "simulated_tau": round(simulated_tau(metrics, self.eval_num_steps), 4),
+            **{k: [round(x, 4) for x in v] for k, v in metrics.as_dict().items()},
+        }
+
+    def describe(self, evaluation: dict[str, Any]) -> str:
+        return (
+            f"replayed tau {evaluation['replayed_tau']:.3f}, simulated "
+            f"{evaluation['simulated_tau']:.3f} (chain of {self.eval_num_steps})"
+        )
 
     def per_rank_share(self, counts: torch.Tensor) -> torch.Tensor:
         """Valid positions of the whole global batch (at least 1), per step, over the world size:
@@ -110,13 +127,19 @@ class Objective(nn.Module):
 
 
 @dataclass(frozen=True)
-class LoopSettings(LoopKnobs):
-    """The knobs as the user set them, and what the train stage derives from its own keys."""
+class TrainingSettings(LoopKnobs):
+    """The loop's knobs as the user set them, and what a stage derives from its own keys."""
 
     _: KW_ONLY
-    total_steps: int  # from train.epochs or train.max_steps, and the training split's size
-    warmup_steps: int  # from train.warmup_ratio
+    total_steps: int  # from the section's epochs or max_steps, and the training split's size
+    warmup_steps: int  # from its warmup_ratio
     compile: bool = False  # on a GPU, the training steps run `compiled_objective`
+
+
+@dataclass(frozen=True)
+class LoopSettings(TrainingSettings, TTTKnobs):
+    """EAGLE-3's run: the loop's settings and its objective's knobs, as the train stage reads
+    them (its `Objective` is built from these)."""
 
 
 def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -178,6 +201,19 @@ class History:
         """Of the positions the steps computed, the share that was padding (no token)."""
         return self.padding / self.positions if self.positions else 0.0
 
+    def best(self, acceptance: str) -> dict | None:
+        """The evaluation of the largest `acceptance` (the exported checkpoint's), if any ran."""
+        return max(self.evals, key=lambda e: e[acceptance], default=None)
+
+    def speed(self) -> dict[str, Any]:
+        """How fast the run's steps went, as the stage reports keep it."""
+        return {
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "warmup_s": round(self.warmup_seconds, 1),
+            "padding_share": round(self.padding_share, 4),
+            "compile_failed_at_step": self.compile_failed_at,
+        }
+
 
 def batch_order(
     lengths: list[int], seed: int, epoch: int, batch_size: int, window: int
@@ -201,20 +237,20 @@ def batch_order(
 
 
 def evaluate(
-    objective: Objective,
+    objective: LoopObjective,
     data: HiddenStates,
-    s: LoopSettings,
+    s: TrainingSettings,
     device: torch.device,
     autocast,
     rank: Rank = Rank(),
     features: TargetFeatures | None = None,
-) -> TTTMetrics | None:
+) -> Any:
     """Metrics over the first eval_max_samples samples; each rank scores every world-th batch
     (a rank past the last batch joins a collective target's forward instead)."""
     n = min(len(data), s.eval_max_samples)
     if not n:
         return None
-    total = TTTMetrics.zeros(s.ttt_steps, device)
+    total = objective.zero_metrics(device)
     objective.eval()
     with torch.no_grad():
         for first in range(0, n, s.batch_size * rank.world):
@@ -238,14 +274,20 @@ def evaluate(
     return summed(total, rank, device)
 
 
-def summed(metrics: TTTMetrics, rank: Rank, device: torch.device) -> TTTMetrics:
-    """Counts added up over the ranks: rates of the whole global batch, exact (they are sums)."""
+def summed(metrics: Any, rank: Rank, device: torch.device) -> Any:
+    """Counts (each field of the metrics dataclass) added up over the ranks in one collective:
+    rates of the whole global batch, exact (they are sums)."""
     if rank.world == 1:
         return metrics
-    fields = list(TTTMetrics.__dataclass_fields__)
-    counts = torch.stack([getattr(metrics, f) for f in fields]).to(device)
+    parts = {f.name: getattr(metrics, f.name) for f in dataclasses.fields(metrics)}
+    counts = torch.cat([t.reshape(-1).to(device, torch.float64) for t in parts.values()])
     torch.distributed.all_reduce(counts)
-    return TTTMetrics(*counts.cpu())
+    sizes = [t.numel() for t in parts.values()]
+    added = {
+        name: total.view(t.shape).to(t.dtype)
+        for (name, t), total in zip(parts.items(), counts.cpu().split(sizes))
+    }
+    return dataclasses.replace(metrics, **added)
 
 
 def step_totals(
@@ -263,12 +305,6 @@ def step_totals(
         torch.distributed.all_reduce(sums)
     loss_sum, token_sum, position_sum = sums.tolist()
     return loss_sum / rank.world, int(token_sum), int(position_sum)
-
-
-def feature_dtype(device: torch.device) -> torch.dtype | None:
-    """Features stay in their stored dtype (bf16) up to the GPU, where the target's LM head then
-    runs in that dtype as it does when serving; CPU training computes in fp32."""
-    return None if device.type == "cuda" else torch.float32
 
 
 def autocast_for(device: torch.device):
@@ -300,11 +336,11 @@ def compiles(compile: bool, device: torch.device) -> bool:
     return compile and device.type == "cuda"
 
 
-def compiled_objective(model: nn.Module) -> Callable[[dict], tuple[torch.Tensor, TTTMetrics]]:
-    """The objective (or its DDP wrapper) compiled as one graph: the TTT unroll, the loss and the
-    metrics, forward and backward. Eager, a step launches many small kernels and the GPU idles
-    while the host queues the small ones; compiled, the elementwise work fuses and the GEMMs run
-    back to back (docs/performance.md).
+def compiled_objective(model: nn.Module) -> Callable[[dict], tuple[torch.Tensor, Metrics]]:
+    """The objective (or its DDP wrapper) compiled as one graph: the drafter's forward (EAGLE-3's
+    TTT unroll, DFlash's blocks), the loss and the metrics, forward and backward. Eager, a step
+    launches many small kernels and the GPU idles while the host queues the small ones;
+    compiled, the elementwise work fuses and the GEMMs run back to back (docs/performance.md).
 
     The first call compiles for its batch shape; a second shape compiles once more with dynamic
     lengths, which every later batch then shares (torch.compile's automatic dynamic shapes)."""
@@ -312,13 +348,13 @@ def compiled_objective(model: nn.Module) -> Callable[[dict], tuple[torch.Tensor,
 
 
 def training_step(
-    model: Callable[[dict], tuple[torch.Tensor, TTTMetrics]],
+    model: Callable[[dict], tuple[torch.Tensor, Metrics]],
     batch: dict,
     params: list,
     opt: torch.optim.Optimizer,
     grad_clip: float,
     autocast,
-) -> tuple[torch.Tensor, TTTMetrics, torch.Tensor]:
+) -> tuple[torch.Tensor, Metrics, torch.Tensor]:
     """One optimizer step (forward, backward, clip, AdamW): the unit the benchmarks time."""
     with autocast():
         loss, metrics = model(batch)
@@ -331,19 +367,24 @@ def training_step(
 
 @dataclass
 class Optimization:
-    """The drafter and what updates it, kept together: checkpoints save and restore them as one,
-    and a compilation that fails mid-run swaps `step_model` for the eager `model` for good."""
+    """The objective (its drafter) and what updates it, kept together: checkpoints save and
+    restore them as one, and a compilation that fails mid-run swaps `step_model` for the eager
+    `model` for good."""
 
-    drafter: Eagle3Drafter
+    objective: LoopObjective
     model: nn.Module  # the objective, or its DDP wrapper: what runs eager
-    step_model: Callable[[dict], tuple[torch.Tensor, TTTMetrics]]  # `model`, or it compiled
+    step_model: Callable[[dict], tuple[torch.Tensor, Metrics]]  # `model`, or it compiled
     params: list
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LambdaLR
     autocast: Callable
     grad_clip: float
 
-    def step(self, batch: dict) -> tuple[torch.Tensor, TTTMetrics, torch.Tensor]:
+    @property
+    def drafter(self) -> nn.Module:
+        return self.objective.drafter
+
+    def step(self, batch: dict) -> tuple[torch.Tensor, Metrics, torch.Tensor]:
         """`training_step` with this run's parts: the eager retry repeats the same step."""
         return training_step(
             self.step_model, batch, self.params, self.opt, self.grad_clip, self.autocast
@@ -351,10 +392,10 @@ class Optimization:
 
 
 def train(
-    objective: Objective,
+    objective: LoopObjective,
     train_set: HiddenStates,
     eval_set: HiddenStates,
-    s: LoopSettings,
+    s: TrainingSettings,
     checkpoint_dir: Path,
     device: torch.device,
     rank: Rank = Rank(),
@@ -369,7 +410,7 @@ def train(
     model = data_parallel(objective, device, rank)
     refuse_unfit_fp8(s, objective.drafter, device)
     compiling = compiles(s.compile, device)
-    optim = optimization(model, objective.drafter, s, device, compiling)
+    optim = optimization(model, objective, s, device, compiling)
     last = checkpoint_dir / "last.pt"
     state, history = resume(last, optim, log)
     first = state["step"]
@@ -401,26 +442,28 @@ def train(
         if due(state["step"], s.eval_every, s.total_steps):
             ev = evaluate(objective, eval_set, s, device, optim.autocast, rank, features)
             if evaluated := ev is not None:
-                tau = record_eval(ev, state["step"], s.eval_num_steps, history, log)
+                tau = record_eval(objective, ev, state["step"], history, log)
                 keep_if_best(tau, state, optim.drafter, checkpoint_dir / "best.pt", rank)
         if observe is not None and (logged or evaluated):
-            observe(state["step"], live_figures(row, history if evaluated else None))
+            last_eval = history.evals[-1] if evaluated else None
+            observe(state["step"], live_figures(row, objective.ACCEPTANCE, last_eval))
         if rank.main and due(state["step"], s.checkpoint_every, s.total_steps):
             _save(last, checkpoint(optim, state, history))
         clock = time.monotonic()  # evaluation and saving are not training time
     return history
 
 
-def live_figures(row: dict, evaluated: History | None) -> dict[str, float]:
-    """A logged step's loss, and the replayed tau of the evaluation just run: what a running
-    experiment is followed by (the rest is in the train report's plots)."""
+def live_figures(row: dict, acceptance: str, evaluation: dict | None) -> dict[str, float]:
+    """A logged step's loss, and the acceptance figure of the evaluation just run (EAGLE-3's
+    replayed tau): what a running experiment is followed by (the rest is in the stage report's
+    plots)."""
     figures = {"train/loss": float(row["loss"])}
-    if evaluated is not None:
-        figures["eval/replayed_tau"] = evaluated.evals[-1]["replayed_tau"]
+    if evaluation is not None:
+        figures[f"eval/{acceptance}"] = evaluation[acceptance]
     return figures
 
 
-def data_parallel(objective: Objective, device: torch.device, rank: Rank) -> nn.Module:
+def data_parallel(objective: LoopObjective, device: torch.device, rank: Rank) -> nn.Module:
     """`objective` placed on `device` and, under torchrun, wrapped in DDP without its buffers:
     they (the target's embedding and head) are the same file on every rank, and broadcasting them
     before every forward would move gigabytes for nothing."""
@@ -436,10 +479,10 @@ def data_parallel(objective: Objective, device: torch.device, rank: Rank) -> nn.
     return model
 
 
-def refuse_unfit_fp8(s: LoopSettings, drafter: Eagle3Drafter, device: torch.device) -> None:
+def refuse_unfit_fp8(s: TrainingSettings, drafter: nn.Module, device: torch.device) -> None:
     """FP8 where it cannot run, or would run slower than bf16, fails before the first step rather
     than hours into the run."""
-    if s.fp8 and (problem := fp8_problem(device, drafter.use_fp8(False))):
+    if s.fp8 and (problem := fp8_problem(device, use_fp8(drafter, False))):
         raise ValueError(f"fp8: {problem}; set it to false")
     if s.fp8 and not s.compile:  # eager, each quantisation is kernels of its own
         raise ValueError(
@@ -449,18 +492,22 @@ def refuse_unfit_fp8(s: LoopSettings, drafter: Eagle3Drafter, device: torch.devi
 
 
 def optimization(
-    model: nn.Module, drafter: Eagle3Drafter, s: LoopSettings, device: torch.device, compiling: bool
+    model: nn.Module,
+    objective: LoopObjective,
+    s: TrainingSettings,
+    device: torch.device,
+    compiling: bool,
 ) -> Optimization:
     """A fresh optimizer and schedule for the drafter's trainable parameters: a resumed run then
     loads their state from its checkpoint."""
     step_model = compiled_objective(model) if compiling else model
-    params = [p for p in drafter.parameters() if p.requires_grad]
+    params = [p for p in objective.drafter.parameters() if p.requires_grad]
     opt = adamw(params, s.lr, s.weight_decay, device)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda step: lr_factor(step, s.warmup_steps, s.total_steps, s.min_lr_ratio)
     )
     return Optimization(
-        drafter, model, step_model, params, opt, sched, autocast_for(device), s.grad_clip
+        objective, model, step_model, params, opt, sched, autocast_for(device), s.grad_clip
     )
 
 
@@ -468,8 +515,9 @@ def resume(
     last: Path, optim: Optimization, log: Callable[[str], None]
 ) -> tuple[LoopState, History]:
     """Where the run stands: at its start, or where checkpoint `last` left it, with the drafter,
-    optimizer, schedule and RNG as they were, so that the resumed run continues exactly."""
-    state: LoopState = {"step": 0, "epoch": 0, "cursor": 0, "best_replayed_tau": -1.0}
+    optimizer, schedule, RNG and the objective's own state (DFlash's anchor generator) as they
+    were, so that the resumed run continues exactly."""
+    state: LoopState = {"step": 0, "epoch": 0, "cursor": 0, "best_tau": -1.0}
     if not last.exists():
         return state, History()
     verify_checksum(last)  # a checkpoint a machine crash cut short is named, not loaded
@@ -479,6 +527,7 @@ def resume(
     optim.sched.load_state_dict(ckpt["scheduler"])
     state.update(ckpt["state"])
     torch.set_rng_state(ckpt["rng"])
+    optim.objective.load_loop_state(ckpt["objective"])
     # counts a resumed run carries on (a checkpoint from before they were kept has none)
     counts = {k: ckpt["history"].get(k, 0) for k in ("padding", "positions")}
     history = History(ckpt["history"]["steps"], ckpt["history"]["evals"], **counts)
@@ -497,6 +546,7 @@ def checkpoint(optim: Optimization, state: LoopState, history: History) -> dict:
         "scheduler": optim.sched.state_dict(),
         "state": dict(state),
         "rng": torch.get_rng_state(),
+        "objective": optim.objective.loop_state(),
         "history": {
             "steps": history.steps,
             "evals": history.evals,
@@ -507,7 +557,7 @@ def checkpoint(optim: Optimization, state: LoopState, history: History) -> dict:
 
 
 def remaining_batches(
-    data: HiddenStates, s: LoopSettings, state: LoopState, rank: Rank, device: torch.device
+    data: HiddenStates, s: TrainingSettings, state: LoopState, rank: Rank, device: torch.device
 ) -> Iterator[tuple[int, int, dict]]:
     """The batches left to s.total_steps from where `state` stands, so that a resumed run reads
     the ones it would have read; pinned on a GPU, for their copies to overlap the steps."""
@@ -523,11 +573,11 @@ def optimizer_step(
     step: int,
     history: History,
     log: Callable[[str], None],
-) -> tuple[torch.Tensor, TTTMetrics, torch.Tensor]:
+) -> tuple[torch.Tensor, Metrics, torch.Tensor]:
     """Step `step`, FP8 in training steps only (evaluation drafts as serving does). A recompile
     for a new batch shape can fail hours into a run: it goes on eager (slower, the same
     arithmetic) rather than dying at that batch on every resume."""
-    optim.drafter.use_fp8(fp8)
+    use_fp8(optim.drafter, fp8)
     try:
         loss, metrics, grad_norm = optim.step(batch)
     except torch._dynamo.exc.TorchDynamoException as err:
@@ -540,7 +590,7 @@ def optimizer_step(
         history.compile_failed_at, optim.step_model = step, optim.model
         optim.opt.zero_grad(set_to_none=True)  # a backward that failed may have left some
         loss, metrics, grad_norm = optim.step(batch)
-    optim.drafter.use_fp8(False)
+    use_fp8(optim.drafter, False)
     optim.sched.step()
     return loss, metrics, grad_norm
 
@@ -551,7 +601,7 @@ def due(step: int, every: int, total: int) -> bool:
 
 
 def step_row(
-    step: int, loss: float, lr: float | torch.Tensor, grad_norm: torch.Tensor, metrics: TTTMetrics
+    step: int, loss: float, lr: float | torch.Tensor, grad_norm: torch.Tensor, metrics: Metrics
 ) -> dict:
     """A step's figures as reports/plots/train_loss.csv keeps them: rounded, for a readable plot."""
     return {
@@ -576,42 +626,29 @@ def progress(row: dict, history: History, total_steps: int, first: int) -> str:
 
 
 def record_eval(
-    ev: TTTMetrics, step: int, num_steps: int, history: History, log: Callable[[str], None]
+    objective: LoopObjective, ev: Any, step: int, history: History, log: Callable[[str], None]
 ) -> float:
-    """Keep an evaluation in the history (the report and `dvc plots` read it); its replayed tau,
-    the figure checkpoints are selected by."""
-    tau = replayed_tau(ev, num_steps)
-    simulated = simulated_tau(ev, num_steps)
-    history.evals.append(
-        {
-            "step": step,
-            "replayed_tau": round(tau, 4),
-            "simulated_tau": round(simulated, 4),
-            **{k: [round(x, 4) for x in v] for k, v in ev.as_dict().items()},
-        }
-    )
-    log(
-        f"[train] eval step {step}: replayed tau {tau:.3f}, simulated "
-        f"{simulated:.3f} (chain of {num_steps})"
-    )
-    return tau
+    """Keep an evaluation in the history (the report and `dvc plots` read it); its acceptance
+    (unrounded), the figure checkpoints are selected by."""
+    evaluation = objective.evaluation(ev)
+    history.evals.append({"step": step, **evaluation})
+    log(f"[train] eval step {step}: {objective.describe(evaluation)}")
+    return objective.acceptance(ev)
 
 
-def keep_if_best(
-    tau: float, state: LoopState, drafter: Eagle3Drafter, path: Path, rank: Rank
-) -> None:
-    """Save the drafter at `path` when its replayed acceptance length beats the best so far:
-    selection by what a benchmark measures, not by loss. Every rank tracks the best (it is in
-    the checkpoint's state); rank 0 writes it."""
-    if tau > state["best_replayed_tau"]:
-        state["best_replayed_tau"] = tau
+def keep_if_best(tau: float, state: LoopState, drafter: nn.Module, path: Path, rank: Rank) -> None:
+    """Save the drafter at `path` when its acceptance length beats the best so far: selection
+    by what a benchmark measures, not by loss. Every rank tracks the best (it is in the
+    checkpoint's state); rank 0 writes it."""
+    if tau > state["best_tau"]:
+        state["best_tau"] = tau
         if rank.main:
             _save(path, {"model": drafter.state_dict(), "step": state["step"], "tau": tau})
 
 
 def batch_stream(
     data: HiddenStates,
-    s: LoopSettings,
+    s: TrainingSettings,
     epoch: int,
     cursor: int,
     rank: Rank,

@@ -22,14 +22,20 @@ class BenchmarkSource(Ranged):
 class BenchmarkSGLangParams(Ranged):
     """The drafter on SGLang: the target served with the drafter and without, measured alike.
 
-    Either attach to two running servers (`spec_url`, `base_url`) or `launch` them from params,
-    one after the other on the same host and port, so they never share the GPUs.
+    Either attach to running servers (`spec_url` or, for the DFlash benchmark, `dflash_url`, and
+    `base_url`) or `launch` them from params, one after the other on the same host and port, so
+    they never share the GPUs.
     """
 
     KEY = "benchmark.sglang"
 
     spec_url: str | None = param(
         None, "A running server of the target with this drafter (--speculative-algorithm EAGLE3)."
+    )
+    dflash_url: str | None = param(
+        None,
+        "A running server of the target with the DFlash drafter (--speculative-algorithm "
+        "DFLASH), which the DFlash benchmark measures in place of spec_url.",
     )
     base_url: str | None = param(None, "A running server of the same target without speculation.")
     launch: SGLangLaunchParams | None = param(

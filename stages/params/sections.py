@@ -9,6 +9,7 @@ from pathlib import Path
 from ..runtime.errors import ParamsError
 from .benchmark import BenchmarkParams
 from .datasets import DatasetParams, read_datasets
+from .dflash import DFlashParams
 from .extract import ExtractParams
 from .generate import GenerateParams
 from .merge import MergeParams
@@ -30,6 +31,7 @@ SECTIONS: dict[str, type] = {
     "vocab": VocabParams,
     "extract": ExtractParams,
     "train": TrainParams,
+    "dflash": DFlashParams,
     "benchmark": BenchmarkParams,
     "report": ReportParams,
 }

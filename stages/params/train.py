@@ -1,43 +1,18 @@
 """The `train` section: the EAGLE-3 draft and its training loop (the loop's own knobs are
-LoopKnobs' fields, in stages/drafter/knobs.py; the keys below are read by the stage)."""
+LoopKnobs' fields, in stages/drafter/knobs.py, the keys every drafter's section holds
+DrafterKeys', in drafting.py; the keys below are EAGLE-3's)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
-from ..drafter.knobs import LoopKnobs
-from .schema import DEVICE, Section, param
+from ..drafter.knobs import TTTKnobs
+from .drafting import DrafterKeys
+from .schema import Section
 
 
 @dataclass(frozen=True)
-class TrainParams(Section, LoopKnobs):
+class TrainParams(Section, DrafterKeys, TTTKnobs):
     """The EAGLE-3 draft, trained with training-time test."""
 
     KEY = "train"
-
-    epochs: float = param(1.0, "Passes over the training split.", gt=0)
-    max_steps: int | None = param(None, "Optimizer steps; overrides epochs when set.", ge=1)
-    max_length: int = param(2048, "Longest training sequence, in tokens.", ge=1)
-    warmup_ratio: float = param(0.02, "Share of the steps warming up.", ge=0, le=1)
-    device: str = param("auto", "auto | cpu | cuda | cuda:N.", pattern=DEVICE, speed_only=True)
-    cpu_threads: int | None = param(
-        None, "torch threads on the CPU (null: torch's default).", ge=1, speed_only=True
-    )
-    compile: Literal["auto", True, False] = param(
-        "auto",
-        "auto | true: on a GPU, torch.compile the whole objective (TTT unroll, loss, metrics) "
-        "into one graph, the first step compiling (reported as warmup_s), eager if that fails; "
-        "the CPU runs eager (compiling does not pay there). false: eager everywhere.",
-        speed_only=True,
-    )
-    draft: dict = param(
-        help="Overrides of the draft layer's shapes (default: mirror the target; MLA targets: "
-        "head_dim 128, kv heads = heads), and rope: mirror | plain.",
-        factory=dict,
-    )
-    sglang_version: str | None = param(
-        None,
-        "The SGLang release serving the drafter (e.g. '0.5.23'); null: layer ids and rope that "
-        "every release serves alike, else refused before training.",
-    )

@@ -1,6 +1,6 @@
 """The drafter's model card: a Hugging Face README.md (YAML front matter, then Markdown) with the
-data it learned from, the layer ids each engine reads, its measured acceptance, and the commands
-that serve it."""
+data it learned from, the layer ids each engine reads, its measured acceptance beside the DFlash
+drafter's trained on the same data, and the commands that serve each."""
 
 from __future__ import annotations
 
@@ -11,7 +11,36 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from ..reports.benchmark import BenchmarkReport
 from ..reports.merge import MergeCounts
+
+
+@dataclass(frozen=True)
+class FamilyTau:
+    """One drafter family's benchmark as the card and the report page set it beside the other's:
+    tau at the width the target verifies, and the SGLang launch that serves it."""
+
+    drafter: str  # EAGLE-3 | DFlash
+    tokens_per_step: int  # tokens the target verifies per step
+    tau: Mapping[float, Mapping[str, float | None]]  # temperature -> dataset -> tau (with "all")
+    sglang_command: str
+
+    @classmethod
+    def of(cls, report: BenchmarkReport, sglang_command: str) -> FamilyTau:
+        return cls(
+            report.drafter,
+            report.tokens_verified_per_step,
+            {
+                t: {**{d: v.tau for d, v in r.datasets.items()}, "all": r.tau}
+                for t, r in report.temperatures.items()
+            },
+            sglang_command,
+        )
+
+    @property
+    def label(self) -> str:
+        """The family and its width, as a column heads it."""
+        return f"{self.drafter} ({self.tokens_per_step}/step)"
 
 
 @dataclass(frozen=True)
@@ -26,8 +55,8 @@ class CardFacts:
     data_mix: Mapping[str, MergeCounts | None]  # per dataset, its train split (None: empty)
     layer_ids: Mapping[str, list | None]  # hf (trained indices), sglang, vllm
     sglang_version: str | None  # the version the ids were written for (None: every one)
-    tau: Mapping[float, Mapping[str, float | None]]  # temperature -> dataset -> tau (with "all")
-    sglang_command: str  # the SGLang launch line (stages.serving.launch.launch_line)
+    eagle3: FamilyTau  # this drafter's benchmark and launch line
+    dflash: FamilyTau  # the DFlash drafter's, trained on the same data
     training: Mapping[str, object] = field(default_factory=dict)  # steps, replayed tau, ...
 
 
@@ -73,8 +102,10 @@ def serving_commands(
     num_steps: int,
     sglang_command: str,
     vllm_layer_ids: Sequence[int] | None,
+    dflash_command: str,
 ) -> list[ServingCommand]:
-    """SGLang, vLLM from the export as it is, and vLLM in the speculators format."""
+    """SGLang, vLLM from the export as it is, vLLM in the speculators format, and SGLang with the
+    DFlash drafter instead."""
     return [
         ServingCommand("SGLang", "", [sglang_command]),
         ServingCommand(
@@ -91,6 +122,13 @@ def serving_commands(
                 speculators_command(target, drafter_dir, vllm_layer_ids),
                 vllm_command(target, speculators_dir(drafter_dir), num_steps),
             ],
+        ),
+        ServingCommand(
+            "SGLang, the DFlash drafter instead",
+            "DFLASH reads `--speculative-num-draft-tokens` as its block size; its draft runs on"
+            " flashinfer, fa3, fa4 or triton attention, and falls back to flashinfer, with a"
+            " warning, from any other backend",
+            [dflash_command],
         ),
     ]
 
@@ -189,21 +227,24 @@ def _layers_section(f: CardFacts) -> list[str]:
 
 
 def _acceptance_section(f: CardFacts) -> list[str]:
-    """tau per dataset (and all of them) at each benchmarked temperature."""
-    temps = list(f.tau)
-    datasets = sorted({d for t in temps for d in f.tau[t] if d != "all"})
+    """tau per dataset (and all of them) of each family, side by side at each temperature."""
+    families = (f.eagle3, f.dflash)
+    temps = list(dict.fromkeys(t for fam in families for t in fam.tau))
+    datasets = sorted({d for fam in families for t in fam.tau for d in fam.tau[t]} - {"all"})
+    columns = [(t, fam) for t in temps for fam in families]
     table = _table(
-        ["dataset", *(f"T = {t}" for t in temps)],
-        [[d, *(f.tau[t].get(d) for t in temps)] for d in datasets]
-        + [["all", *(f.tau[t].get("all") for t in temps)]],
+        ["dataset", *(f"{fam.label}, T = {t}" for t, fam in columns)],
+        [[d, *(fam.tau.get(t, {}).get(d) for t, fam in columns)] for d in [*datasets, "all"]],
     )
     return [
-        f"## Acceptance length (tau, chain of {f.num_steps}, top-k 1)",
+        "## Acceptance length (tau)",
         "",
         *table,
         "",
-        "tau: tokens the target emits per verify step with this drafter (plain decoding: 1.0),"
-        " on held-out prompts of each dataset.",
+        "tau: tokens the target emits per verify step with the drafter (plain decoding: 1.0), on"
+        " the same held-out prompts of each dataset; n/step: the tokens the target verifies per"
+        f" step (EAGLE-3: a chain of {f.num_steps} drafts, top-k 1, plus the target's own; DFlash:"
+        " its block). Compare the two at equal width.",
     ]
 
 
@@ -217,7 +258,12 @@ def _training_section(f: CardFacts) -> list[str]:
 def _serving_section(f: CardFacts) -> list[str]:
     """The commands that serve the drafter: SGLang, vLLM as exported, vLLM via speculators."""
     commands = serving_commands(
-        f.target, f.drafter_dir, f.num_steps, f.sglang_command, f.layer_ids.get("vllm")
+        f.target,
+        f.drafter_dir,
+        f.num_steps,
+        f.eagle3.sglang_command,
+        f.layer_ids.get("vllm"),
+        f.dflash.sglang_command,
     )
     lines = ["## Serving", ""]
     for c in commands:

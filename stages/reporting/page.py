@@ -4,9 +4,9 @@ built from the values the report stage gathered.
 Sections: the run at a glance (the compact metrics), the data per dataset (length histograms,
 finish reasons and truncation, reasoning presence, tool-call integrity, budget used, failures),
 sample records (reasoning, answer, tool calls and stop token apart, special tokens marked),
-training (loss, replayed tau per evaluation, per-position acceptance), the benchmark (tau per
-dataset and temperature against plain decoding, per-position acceptance) and serving (layer ids,
-launch commands).
+training (loss, replayed tau per evaluation, per-position acceptance), the benchmark (EAGLE-3's
+and DFlash's tau side by side per dataset and temperature against plain decoding, each one's
+per-position acceptance, at the width each verifies) and serving (layer ids, launch commands).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .card import ServingCommand
 from .summary import unit
 
 MEASURES = ("prompt", "reasoning", "answer")
+KINDS = ("conditional", "unconditional")  # the benchmark's per-position acceptance
 PART_LABELS = {
     "prompt": "prompt",
     "reasoning": "reasoning",
@@ -71,7 +72,8 @@ class ReportData:
     train_loss: list[dict]  # step, loss, ...
     train_evals: list[dict]  # step, replayed_tau, simulated_tau
     train_acceptance: list[dict]  # position, accuracy, conditional, unconditional
-    benchmark: BenchmarkReport
+    benchmark: BenchmarkReport  # EAGLE-3's
+    dflash: BenchmarkReport  # DFlash's, on the same prompts and temperatures
     serving: Serving
     max_chars: int = 4000  # per sample part
 
@@ -423,63 +425,73 @@ def _training(d: ReportData) -> str:
 
 
 def _benchmark(d: ReportData) -> str:
-    temps = d.benchmark.temperatures
-    if not temps:
+    reports = {r.drafter: r for r in (d.benchmark, d.dflash)}
+    if not any(r.temperatures for r in reports.values()):
         return '<p class="muted">(no benchmark)</p>'
-    datasets = sorted({n for t in temps.values() for n in t.datasets})
+    datasets = sorted(
+        {n for r in reports.values() for t in r.temperatures.values() for n in t.datasets}
+    )
     tau = {
-        f"T = {t}": [v.datasets[n].tau if n in v.datasets else None for n in datasets] + [v.tau]
-        for t, v in temps.items()
+        f"{name}, T = {t}": [v.datasets[n].tau if n in v.datasets else None for n in datasets]
+        + [v.tau]
+        for name, r in reports.items()
+        for t, v in r.temperatures.items()
     }
     charts = [
         svg.bars(
             [*datasets, "all"],
             tau,
-            title="tau per dataset against plain decoding",
+            title="tau per dataset, EAGLE-3 and DFlash, against plain decoding",
             x_label="dataset",
             y_label="tokens per verify step",
             reference=(1.0, "baseline 1.0"),
             name="benchmark-tau",
         )
     ]
-    steps = d.benchmark.num_steps
-    per_position = {
-        "conditional": {f"T = {t}": list(v.conditional or []) for t, v in temps.items()},
-        "unconditional": {f"T = {t}": list(v.unconditional or []) for t, v in temps.items()},
-    }
-    for kind, series in per_position.items():
-        if any(series.values()):
-            charts.append(
-                svg.bars(
-                    [str(k + 1) for k in range(steps)],
-                    series,
-                    title=f"Per-position acceptance, {kind}",
-                    x_label="draft position",
-                    y_label="share",
-                    y_max=1.0,
-                    name=f"benchmark-{kind}",
-                )
-            )
+    charts += [_per_position(name, r, kind) for name, r in reports.items() for kind in KINDS]
     rows = [
         {
+            "drafter": name,
+            "tokens verified per step": r.tokens_verified_per_step,
             "temperature": t,
             "dataset": n,
-            "prompts": r.prompts,
-            "tau": r.tau,
+            "prompts": a.prompts,
+            "tau": a.tau,
             "conditional": " / ".join(
-                "-" if x is None else f"{x:.2f}" for x in r.conditional or []
+                "-" if x is None else f"{x:.2f}" for x in a.conditional or []
             ),
-            "outputs equal baseline": r.outputs_equal_baseline,
+            "outputs equal baseline": a.outputs_equal_baseline,
         }
-        for t, v in temps.items()
-        for n, r in [*v.datasets.items(), ("all", v)]
+        for name, r in reports.items()
+        for t, v in r.temperatures.items()
+        for n, a in [*v.datasets.items(), ("all", v)]
     ]
-    engine = escape(d.benchmark.engine)
+    widths = "; ".join(
+        f"{name}: {r.tokens_verified_per_step} tokens verified per step ({r.mode} of "
+        f"{r.num_steps} drafts), engine {r.engine}"
+        for name, r in reports.items()
+    )
     return (
-        f'<p class="muted">Chain of {steps} drafts, top-k 1; engine: {engine}. tau counts the '
-        "tokens emitted per target verify step (plain decoding: 1.0).</p>"
+        f'<p class="muted">{escape(widths)}. tau counts the tokens emitted per target verify '
+        "step (plain decoding: 1.0); compare the two at equal width.</p>"
         + _charts(charts)
         + table(rows)
+    )
+
+
+def _per_position(name: str, r: BenchmarkReport, kind: str) -> str:
+    """One family's acceptance per draft position, one series per temperature ("" if none)."""
+    series = {f"T = {t}": list(getattr(v, kind) or []) for t, v in r.temperatures.items()}
+    if not any(series.values()):
+        return ""
+    return svg.bars(
+        [str(k + 1) for k in range(r.num_steps)],
+        series,
+        title=f"{name}: per-position acceptance, {kind}",
+        x_label="draft position",
+        y_label="share",
+        y_max=1.0,
+        name=f"benchmark-{name.lower()}-{kind}",
     )
 
 

@@ -1,9 +1,15 @@
 """The dozen figures a run is judged by, each key named with its unit, from the stages' detailed
 reports: what `dvc metrics show` prints as one row and `dvc metrics diff` compares
-(reports/metrics.json, its record in stages/reports/metrics.py). Where training's time went
-stays in its own report (reports/train.json's padding and target-forward shares): with
-DVCLive's three live figures, a dozen (two benchmark temperatures) keeps `dvc metrics show` at
-15 columns.
+(reports/metrics.json, its record in stages/reports/metrics.py).
+
+A dozen, because with DVCLive's three live figures that keeps `dvc metrics show` at 15 columns.
+Each drafter family's tau is in it at T = 0 only (benchmark_tau_t0 for EAGLE-3, dflash_tau_t0):
+greedy acceptance is the figure a drafter is quoted and compared by, and one key per family
+keeps the row's width fixed whatever benchmark.temperatures lists, where one key per temperature
+and family would grow it by two per temperature. The other temperatures' taus stay in the
+benchmark reports (reports/benchmark.json, reports/benchmark_dflash.json), the report page and
+the model card; where training's time went stays in reports/train.json (padding and
+target-forward shares).
 
 Units: `_samples` and `_tokens` are counts, `_share` a fraction in [0, 1] (the worst dataset's
 where it says min or max), `_tokens_per_step` an acceptance length tau (tokens emitted per
@@ -17,11 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from ..reports.benchmark import BenchmarkReport
+from ..reports.benchmark import GREEDY, BenchmarkReport, greedy_tau
 from ..reports.extract import ExtractReport
 from ..reports.generate import GenerateReport
 from ..reports.merge import MergeReport
-from ..reports.metrics import MetricsNotes, RunMetrics, tau_key
+from ..reports.metrics import MetricsNotes, RunMetrics
 from ..reports.train import TrainReport
 from ..reports.vocab import VocabReport
 
@@ -90,6 +96,13 @@ def _reply_shares(
     )
 
 
+def _tau_t0(report: BenchmarkReport, key: str, why: NullReasons) -> float | None:
+    """A benchmark's tau at T = 0, or null with the reason."""
+    measured = GREEDY in report.temperatures
+    reason = "no verify step at temperature 0" if measured else "benchmark.temperatures has no 0.0"
+    return why.unless(key, greedy_tau(report.temperatures), f"not measured: {reason}")
+
+
 def run_metrics(
     *,
     generate: Mapping[str, GenerateReport],
@@ -100,11 +113,12 @@ def run_metrics(
     extract: ExtractReport,
     train: TrainReport,
     benchmark: BenchmarkReport,
+    dflash: BenchmarkReport,
 ) -> tuple[RunMetrics, MetricsNotes]:
     """The figures and why each null one is null. `generate`: each dataset's generate report;
     `answers`: the quality questions' rows (reasoning_presence, finish_reasons,
-    tool_call_integrity); `expect`: per dataset (reasoning expected, tool calls expected); the
-    rest: those stages' reports."""
+    tool_call_integrity); `expect`: per dataset (reasoning expected, tool calls expected);
+    `benchmark`, `dflash`: the EAGLE-3 and DFlash benchmarks; the rest: those stages' reports."""
     why = NullReasons()
     closed, truncated, calls = _reply_shares(answers, expect, why)
     metrics = RunMetrics(
@@ -121,10 +135,10 @@ def run_metrics(
             "not measured: training ran no evaluation (no eval samples, or train.eval_every "
             "past the last step)",
         ),
-        benchmark_tau_tokens_per_step={
-            t: why.unless(tau_key(t), r.tau, f"not measured: no verify step at temperature {t}")
-            for t, r in benchmark.temperatures.items()
-        },
+        benchmark_tau_t0_tokens_per_step=_tau_t0(
+            benchmark, "benchmark_tau_t0_tokens_per_step", why
+        ),
+        dflash_tau_t0_tokens_per_step=_tau_t0(dflash, "dflash_tau_t0_tokens_per_step", why),
         extract_tokens_per_s=why.unless(
             "extract_tokens_per_s",
             extract.tokens_per_s if extract.extracted_tokens else None,

@@ -1,9 +1,13 @@
-"""reports/benchmark.json, written by the benchmark stage and read by the report stage.
+"""reports/benchmark.json (EAGLE-3) and reports/benchmark_dflash.json (DFlash), written by the
+benchmark stages and read by the report stage.
 
 Two records, one per benchmark.mode, told apart by `engine`: InProcessBenchmark (hf: decoded
 here with the drafter and without, one prompt at a time) and ServedBenchmark (sglang: the
 target served with the drafter and without). Both hold, per temperature, every prompt set's
-acceptance pooled and each set's own.
+acceptance pooled and each set's own, and the tokens the target verifies per step (an EAGLE-3
+chain: num_steps + 1; DFlash: its block size), so two drafters are compared at equal width. The
+DFlash stage writes the same records under its own stage name (DFlashInProcessBenchmark,
+DFlashServedBenchmark), so a stale file names the stage to rerun.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, ClassVar, Literal
 from .record import Mismatch, Report, checked
 
 GREEDY = 0.0  # the temperature a drafter's tau is quoted at
+Drafter = Literal["EAGLE-3", "DFlash"]
+Drafting = Literal["chain", "block"]  # EAGLE-3: a chain of drafts; DFlash: a block at once
 IN_PROCESS = "in-process transformers (KV cache)"  # InProcessBenchmark's engine
 SERVED = "sglang"  # ServedBenchmark's
 
@@ -83,9 +89,11 @@ class InProcessBenchmark(Report):
 
     STAGE: ClassVar[str] = "benchmark"
 
-    num_steps: int  # chain depth
+    drafter: Drafter
+    num_steps: int  # drafts per verify step (EAGLE-3: chain depth; DFlash: block_size - 1)
+    tokens_verified_per_step: int  # num_steps + 1: the width drafters compare at
     topk: int
-    mode: Literal["chain"]
+    mode: Drafting
     engine: Literal["in-process transformers (KV cache)"]
     temperatures: dict[float, InProcessTemperature]
     tau_greedy: float | None  # greedy_tau(temperatures)
@@ -98,9 +106,11 @@ class ServedBenchmark(Report):
 
     STAGE: ClassVar[str] = "benchmark"
 
+    drafter: Drafter
     num_steps: int
+    tokens_verified_per_step: int
     topk: int
-    mode: Literal["chain"]
+    mode: Drafting
     engine: Literal["sglang"]
     engine_version: str | None  # the speculative server's, as it reports it
     concurrency: int
@@ -110,16 +120,32 @@ class ServedBenchmark(Report):
     tau_greedy: float | None
 
 
+@dataclass(frozen=True)
+class DFlashInProcessBenchmark(InProcessBenchmark):
+    STAGE: ClassVar[str] = "benchmark_dflash"
+
+
+@dataclass(frozen=True)
+class DFlashServedBenchmark(ServedBenchmark):
+    STAGE: ClassVar[str] = "benchmark_dflash"
+
+
 BenchmarkReport = InProcessBenchmark | ServedBenchmark
+Records = tuple[type[InProcessBenchmark], type[ServedBenchmark]]  # a stage's (hf, sglang) records
+EAGLE3_RECORDS: Records = (InProcessBenchmark, ServedBenchmark)
+DFLASH_RECORDS: Records = (DFlashInProcessBenchmark, DFlashServedBenchmark)
 
 
-def read_benchmark(path: Path | str) -> BenchmarkReport:
-    """The report at `path`, as the record its `engine` names."""
-    return checked(InProcessBenchmark, path, _parse)
+def read_benchmark(path: Path | str, records: Records = EAGLE3_RECORDS) -> BenchmarkReport:
+    """The report at `path`, as the record of `records` its `engine` names."""
+    in_process, served = records
 
+    def parse(data: object) -> BenchmarkReport:
+        engine = data.get("engine") if isinstance(data, dict) else IN_PROCESS
+        if engine not in (IN_PROCESS, SERVED):
+            raise Mismatch(
+                "engine", f"{json.dumps(engine)} is neither {IN_PROCESS!r} nor {SERVED!r}"
+            )
+        return (served if engine == SERVED else in_process).from_json(data)
 
-def _parse(data: object) -> BenchmarkReport:
-    engine = data.get("engine") if isinstance(data, dict) else IN_PROCESS
-    if engine not in (IN_PROCESS, SERVED):
-        raise Mismatch("engine", f"{json.dumps(engine)} is neither {IN_PROCESS!r} nor {SERVED!r}")
-    return (ServedBenchmark if engine == SERVED else InProcessBenchmark).from_json(data)
+    return checked(in_process, path, parse)

@@ -1,5 +1,5 @@
-"""Measure a drafter on SGLang: the same prompts sent to the target served with EAGLE-3 and to the
-same target served without speculation.
+"""Measure a drafter on SGLang: the same prompts sent to the target served with it (EAGLE3 or
+DFLASH) and to the same target served without speculation.
 
 Acceptance length comes from each reply's meta_info: tau = sum(completion_tokens) /
 sum(spec_verify_ct), SGLang's own spec_accept_length pooled over requests. SGLang's
@@ -22,7 +22,7 @@ from ..engines import Sampling
 from ..engines.sglang_http import INFO_PATHS, Reply, SGLangEngine, SGLangError, get_json
 from ..reports.benchmark import ServedFigures, ServedTemperature
 from ..runtime.progress import Progress
-from .launch import ALGORITHM, speculative_args
+from .launch import Speculation
 
 SPECULATIVE_FIELDS = (
     "speculative_algorithm",
@@ -51,30 +51,23 @@ def server_facts(url: str, timeout_s: float = 10.0, api_key: str | None = None) 
     return {key: info[key] for key in ("version", "model_path", *SPECULATIVE_FIELDS) if key in info}
 
 
-def check_speculative_server(facts: dict, url: str, num_steps: int) -> None:
-    """Refuse a server that reports settings other than EAGLE3 chain drafting of `num_steps`."""
+def check_speculative_server(facts: dict, url: str, spec: Speculation) -> None:
+    """Refuse a server that reports speculative settings other than `spec`'s."""
     if "speculative_algorithm" not in facts:
         return  # the server does not say: its replies will tell
     algorithm = facts["speculative_algorithm"]
-    expected = {
-        "speculative_algorithm": ALGORITHM,
-        "speculative_num_steps": num_steps,
-        "speculative_eagle_topk": 1,
-        "speculative_num_draft_tokens": num_steps + 1,
-    }
-    wrong = {k: facts[k] for k, v in expected.items() if facts.get(k, v) != v}
+    wrong = {k: facts[k] for k, v in spec.settings().items() if facts.get(k, v) != v}
+    flags = " ".join(Speculation(spec.algorithm, "DRAFTER", spec.tokens_per_step).args())
     if not algorithm:
         raise SGLangError(
             f"{url} is not running speculative decoding (its /server_info has "
-            f"speculative_algorithm {algorithm!r}); serve the target with "
-            f"{' '.join(speculative_args('DRAFTER', num_steps))}"
+            f"speculative_algorithm {algorithm!r}); serve the target with {flags}"
         )
     if wrong:
         raise SGLangError(
-            f"{url} serves {wrong}, where this benchmark measures "
-            f"{' '.join(speculative_args('DRAFTER', num_steps))} (EAGLE instead of "
-            f"EAGLE3 gives tau about 1; other steps give another tau); relaunch it "
-            f"or set the benchmark's num_steps to the server's"
+            f"{url} serves {wrong}, where this benchmark measures {flags} (EAGLE instead of "
+            f"EAGLE3 gives tau about 1; another width gives another tau); relaunch it "
+            f"or set the benchmark's width to the server's"
         )
 
 
@@ -195,8 +188,8 @@ def acceptance(run: ServerRun) -> Acceptance:
                     f"{run.url} is not running speculative decoding: its reply to sample "
                     f"{reply.completion.sample_id} ({meta['completion_tokens']} tokens) has no "
                     f"meta_info.spec_verify_ct. Serve the target with --speculative-algorithm "
-                    f"EAGLE3 --speculative-draft-model-path DRAFTER --speculative-num-steps N "
-                    f"--speculative-eagle-topk 1 --speculative-num-draft-tokens N+1"
+                    f"EAGLE3 (or DFLASH) --speculative-draft-model-path DRAFTER "
+                    f"--speculative-num-draft-tokens N (tokens verified per step)"
                 )
             continue
         verify += meta["spec_verify_ct"]
@@ -274,15 +267,16 @@ def measure_server(
     role: str,
     url: str,
     client: ServedClient,
-    num_steps: int,
+    spec: Speculation,
     requests: dict[str, list[tuple[str, list[int]]]],
     samplings: dict[float, Sampling],
 ) -> tuple[dict[tuple[float, str], ServerRun], dict]:
-    """The server at `url` checked to be what its role (spec or base) needs, then its runs per
-    (temperature, prompt set), and its facts (version, model, speculative settings, retries)."""
+    """The server at `url` checked to be what its role (spec: serving `spec`, or base) needs,
+    then its runs per (temperature, prompt set), and its facts (version, model, speculative
+    settings, retries)."""
     facts = server_facts(url, api_key=client.api_key)
     if role == "spec":
-        check_speculative_server(facts, url, num_steps)
+        check_speculative_server(facts, url, spec)
     else:
         check_plain_server(facts, url)
     engine = SGLangEngine(
@@ -305,21 +299,19 @@ def compare_servers(
     runs: dict[str, dict[tuple[float, str], ServerRun]],
     temperatures: list[float],
     names: list[str],
-    num_steps: int,
+    drafts: int,
 ) -> dict[float, ServedTemperature]:
     """Per temperature, the speculative server against the base one: over all prompt sets
-    pooled, and per set."""
+    pooled, and per set; acceptance per draft position, `drafts` of them."""
     compared = {}
     for t in temperatures:
         spec, base = (
             ServerRun.pooled([runs[role][t, name] for name in names]) for role in ("spec", "base")
         )
         compared[t] = ServedTemperature(
-            **compare(spec, base, num_steps),
+            **compare(spec, base, drafts),
             datasets={
-                name: ServedFigures(
-                    **compare(runs["spec"][t, name], runs["base"][t, name], num_steps)
-                )
+                name: ServedFigures(**compare(runs["spec"][t, name], runs["base"][t, name], drafts))
                 for name in names
             },
         )

@@ -19,14 +19,18 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Final, Literal
 
 import httpx
 
 from ..engines import EngineError
 from ..runtime.parallel import NCCL_ENV
 
-ALGORITHM = "EAGLE3"  # "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
+# "EAGLE" loads an EAGLE-3 drafter too, and silently accepts almost nothing
+EAGLE3: Final = "EAGLE3"
+DFLASH: Final = "DFLASH"
 
 
 class ServerError(EngineError):
@@ -185,24 +189,56 @@ def _exit_on_sigterm() -> None:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
-def speculative_args(drafter_dir: str | Path, num_steps: int) -> list[str]:
-    """launch_server flags that put the drafter in front of the target: a chain (topk 1) of
-    `num_steps` drafts, verified with the target's own next token."""
-    return [
-        "--speculative-algorithm",
-        ALGORITHM,
-        "--speculative-draft-model-path",
-        str(drafter_dir),
-        "--speculative-num-steps",
-        str(num_steps),
-        "--speculative-eagle-topk",
-        "1",
-        "--speculative-num-draft-tokens",
-        str(num_steps + 1),
-    ]
+@dataclass(frozen=True)
+class Speculation:
+    """A drafter in front of the target as SGLang runs it: the launch flags, and the settings
+    /server_info then reports. `tokens_per_step`: tokens the target verifies per step (an EAGLE3
+    chain of n drafts: n + 1; DFLASH: its block size), the width two drafters compare at."""
 
+    algorithm: Literal["EAGLE3", "DFLASH"]
+    drafter_dir: str
+    tokens_per_step: int
 
-def launch_line(model_path: str, drafter_dir: str | Path, num_steps: int) -> str:
-    """The SGLang launch a drafter is meant for, as one shell line (EAGLE3, not EAGLE)."""
-    args = speculative_args(drafter_dir, num_steps)
-    return shlex.join(launch_command(model_path, {}, args, python="python"))
+    @classmethod
+    def eagle3(cls, drafter_dir: str | Path, num_steps: int) -> Speculation:
+        """A chain (topk 1) of `num_steps` drafts, verified with the target's own next token."""
+        return cls(EAGLE3, str(drafter_dir), num_steps + 1)
+
+    @classmethod
+    def dflash(cls, drafter_dir: str | Path, block_size: int) -> Speculation:
+        """Blocks of `block_size` (the last accepted token, then block_size - 1 drafts)."""
+        return cls(DFLASH, str(drafter_dir), block_size)
+
+    @property
+    def drafts(self) -> int:
+        """Draft positions per verify step."""
+        return self.tokens_per_step - 1
+
+    def args(self) -> list[str]:
+        """The launch_server flags. DFLASH takes no chain depth nor topk (it forces both to 1)
+        and reads --speculative-num-draft-tokens as its block size (absent: the drafter's
+        config.json's); its draft attention falls back to flashinfer (triton on ROCm) from a
+        backend it does not run, with a warning, so no attention flag is needed."""
+        chain = ["--speculative-num-steps", str(self.drafts), "--speculative-eagle-topk", "1"]
+        return [
+            "--speculative-algorithm",
+            self.algorithm,
+            "--speculative-draft-model-path",
+            self.drafter_dir,
+            *(chain if self.algorithm == EAGLE3 else []),
+            "--speculative-num-draft-tokens",
+            str(self.tokens_per_step),
+        ]
+
+    def settings(self) -> dict[str, object]:
+        """The speculative_* fields of /server_info a server launched with args() reports."""
+        return {
+            "speculative_algorithm": self.algorithm,
+            "speculative_num_steps": self.drafts if self.algorithm == EAGLE3 else 1,
+            "speculative_eagle_topk": 1,
+            "speculative_num_draft_tokens": self.tokens_per_step,
+        }
+
+    def launch_line(self, model_path: str) -> str:
+        """The SGLang launch the drafter is meant for, as one shell line."""
+        return shlex.join(launch_command(model_path, {}, self.args(), python="python"))

@@ -43,7 +43,7 @@ from stages.drafter.model import Eagle3Drafter, target_facts
 from stages.drafter.speculate import SpecResult, speculative_generate
 from stages.engines import Completion, FinishReason, Request, Sampling, trim_at_stop
 from stages.engines.hf import HFEngine
-from stages.serving.launch import ALGORITHM
+from stages.serving.launch import EAGLE3
 from stages.target_model.model import load_causal_lm
 
 # Sampling values this server honours; the others must be absent, null or neutral.
@@ -465,7 +465,7 @@ class HFServer:
         }
         if spec is not None:
             flags = {
-                "speculative_algorithm": ALGORITHM,
+                "speculative_algorithm": EAGLE3,
                 "speculative_draft_model_path": spec.draft_model_path,
                 "speculative_num_steps": spec.num_steps,
                 "speculative_eagle_topk": 1,
@@ -671,13 +671,13 @@ def speculative_flags_problem(args: argparse.Namespace) -> str | None:
             if args.speculative_draft_model_path
             else None
         )
-    if args.speculative_algorithm != ALGORITHM:
+    if args.speculative_algorithm != EAGLE3:
         return (
-            f"--speculative-algorithm {args.speculative_algorithm}: only {ALGORITHM} is "
+            f"--speculative-algorithm {args.speculative_algorithm}: only {EAGLE3} is "
             f"served here (EAGLE with an EAGLE-3 drafter accepts almost nothing)"
         )
     if not args.speculative_draft_model_path:
-        return f"--speculative-algorithm {ALGORITHM} needs --speculative-draft-model-path"
+        return f"--speculative-algorithm {EAGLE3} needs --speculative-draft-model-path"
     if steps < 1:
         return f"--speculative-num-steps {steps}: draft at least 1 token per step"
     if args.speculative_eagle_topk != 1:

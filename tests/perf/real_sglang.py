@@ -18,6 +18,11 @@ file written under --work from params.yaml:
   wrapper is remote code transformers cannot load).
 - extract-k25: `stages.extract` with the sglang engine on the Kimi-K2.5 layout and on the plain
   DeepSeek-V3 of the same weights: ids equal, the features' largest difference per shard.
+- dflash-served: a DFlash drafter of the demo target with random weights, written by the
+  project's export (stages/dflash/export.py) and served as written by SGLang's DFLASH worker
+  (triton attention, no CUDA graphs) beside a plain server, both with
+  --enable-deterministic-inference: greedy replies compared, the served accept length from
+  `meta_info` (about 1 with random weights: what this path shows is that the export loads).
 - generate: `stages.generate` of one dataset through a server it launches from params, and with
   the hf engine on the GPU: the rows whose output_ids are identical.
 - extract: `stages.extract` with the sglang engine and with the hf engine: ids and loss masks
@@ -189,6 +194,77 @@ def canary_deepseek(work: Path) -> dict:
 def canary_k25(work: Path) -> dict:
     plain = str(deepseek_target(work))
     return canary(work, "canary-k25", str(k25_target(work)), "--reference-path", plain)
+
+
+DFLASH_BLOCK, DFLASH_MASK_ID = 8, 14  # the demo tokenizer's [PAD]: never generated
+
+
+def random_dflash(work: Path) -> Path:
+    """A two-layer DFlash drafter of the demo target, random weights, exported by the project."""
+    import torch
+
+    from stages.dflash.export import export_dflash
+    from stages.dflash.model import DFlashConfig, DFlashDrafter
+
+    out = work / "dflash-random"
+    if (out / "config.json").exists():
+        return out
+    target = json.loads((ROOT / "data/demo/target/config.json").read_text())
+    cfg = DFlashConfig.from_target(
+        target, num_hidden_layers=2, block_size=DFLASH_BLOCK, mask_token_id=DFLASH_MASK_ID
+    )
+    torch.manual_seed(0)
+    return export_dflash(DFlashDrafter(cfg), out, target)
+
+
+def first_prompts(merged: Path, k: int) -> list[tuple[str, list[int]]]:
+    """(sample id, prompt ids) of the first k merged samples: each sample's ids up to its first
+    supervised token."""
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(merged / "train.parquet").slice(0, k).to_pylist()
+    return [(r["sample_id"], r["input_ids"][: r["loss_spans"][0][0]]) for r in rows]
+
+
+def served_greedy(work: Path, name: str, extra: list[str], prompts: list) -> dict:
+    """Launch the demo target with `extra` flags, send `prompts` greedily, stop it: each
+    sample's output ids, and the replies' completion tokens and verify steps."""
+    from stages.engines import Sampling
+    from stages.engines.sglang_http import SGLangEngine
+    from stages.serving.bench import measure
+    from stages.serving.launch import SGLangServer, launch_command, server_url
+
+    port = PORT + 2
+    args = dict(port=port, mem_fraction_static=0.5, enable_deterministic_inference=True)
+    command = launch_command(str(ROOT / "data/demo/target"), args, extra)
+    url = server_url("127.0.0.1", port)
+    with SGLangServer(command, url, work / f"server-{name}.log") as server:
+        healthy_s = server.wait_healthy(600)
+        run = measure(SGLangEngine([url], concurrency=16), prompts, Sampling(max_new_tokens=64))
+    return {
+        "outputs": run.outputs,
+        "tokens": run.completion_tokens,
+        "verify": sum(int(r.meta_info.get("spec_verify_ct", 0)) for r in run.replies),
+        "healthy_s": round(healthy_s),
+        "command": shlex.join(command[1:]),
+    }
+
+
+def dflash_served(work: Path) -> dict:
+    drafter = random_dflash(work)
+    prompts = first_prompts(ROOT / "data/merged", 16)
+    plain = served_greedy(work, "plain", ["--disable-cuda-graph"], prompts)
+    flags = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter)]
+    dflash = served_greedy(work, "dflash", [*flags, "--disable-cuda-graph"], prompts)
+    same = sum(dflash["outputs"][k] == v for k, v in plain["outputs"].items())
+    return {
+        "passed": same == len(prompts) and dflash["verify"] > 0,
+        "identical": f"{same} of {len(prompts)}",
+        "tokens": dflash["tokens"],
+        "accept_length": round(dflash["tokens"] / max(dflash["verify"], 1), 4),
+        "healthy_s": [plain["healthy_s"], dflash["healthy_s"]],
+        "command": dflash["command"],
+    }
 
 
 def raw_ids(raw_dir: Path) -> dict[str, list[int]]:
@@ -416,6 +492,7 @@ PATHS: dict[str, Callable[[Path], dict]] = {
     "canary-deepseek": canary_deepseek,
     "canary-k25": canary_k25,
     "extract-k25": extract_k25,
+    "dflash-served": dflash_served,
     "generate": generate,
     "extract": extract,
     "benchmark": benchmark,

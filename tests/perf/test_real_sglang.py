@@ -13,7 +13,7 @@ import pytest
 
 from stages.params.schema import load_params
 from stages.params.sections import check_all
-from stages.serving.launch import launch_line
+from stages.serving.launch import Speculation
 from tests.perf import real_sglang
 
 
@@ -23,6 +23,10 @@ def test_every_params_file_it_writes_passes_the_check(name, tmp_path):
     check_all(path)
     written = load_params(path)
     assert written["target"]["device"] == "cuda" and written["extract"]["sglang"]["tp_size"] == 1
+
+
+def launch_line(model: str, drafter_dir: str, num_steps: int) -> str:
+    return Speculation.eagle3(drafter_dir, num_steps).launch_line(model)
 
 
 def test_the_launch_line_check_tells_a_match_from_a_mismatch():

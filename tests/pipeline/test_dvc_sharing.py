@@ -16,7 +16,16 @@ from tests.project import copy_project, ran_stages, set_params, sh
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow, pytest.mark.integration]
 
-STAGES = {"merge", "quality", "vocab", "extract", "train", "benchmark", "report"}
+STAGES = {
+    "merge",
+    "quality",
+    "vocab",
+    "extract",
+    "train",
+    "benchmark",
+    "benchmark_dflash",
+    "report",
+}
 
 
 def tiny(p: dict) -> None:
@@ -70,7 +79,9 @@ def test_metrics_are_the_run_figures_and_the_live_training_ones(repo):
     assert len(table[0].split()) <= 16, table[0]
     for row in table[1:]:
         assert all(map(is_figure, row.split()[1:])), row
-    assert "benchmark_tau_t0_tokens_per_step" in table[0]
+    assert {"benchmark_tau_t0_tokens_per_step", "dflash_tau_t0_tokens_per_step"} <= set(
+        table[0].split()
+    )
     assert (repo / "reports" / "index.html").stat().st_size > 10_000
     assert (repo / "models" / "card" / "README.md").read_text().startswith("---\n")
 
@@ -78,14 +89,16 @@ def test_metrics_are_the_run_figures_and_the_live_training_ones(repo):
 def test_a_benchmark_change_reruns_benchmark_and_report_and_diffs_named_figures(repo):
     set_params(repo, lambda p: p["benchmark"].update(max_new_tokens=24))
     rerun = sh(["dvc", "repro"], repo)
-    assert ran_stages(rerun.stdout) == {"check", "benchmark", "report"}, rerun.stdout
+    # both families' benchmarks read the shared benchmark keys
+    ran = ran_stages(rerun.stdout)
+    assert ran == {"check", "benchmark", "benchmark_dflash", "report"}, rerun.stdout
     diff = json.loads(sh(["dvc", "metrics", "diff", "--all", "--json"], repo).stdout)
     figures = diff["reports/metrics.json"]
     assert {"benchmark_tau_t0_tokens_per_step", "train_tokens_per_s"} <= set(figures)
     assert all(unit(k) for k in figures)
     assert figures["generated_samples"]["diff"] == 0
     text = sh(["dvc", "metrics", "diff", "--all"], repo).stdout
-    assert "benchmark_tau_t0.7_tokens_per_step" in text and "reasoning_closed_min_share" in text
+    assert "dflash_tau_t0_tokens_per_step" in text and "reasoning_closed_min_share" in text
     sh(["git", "add", "-A"], repo)
     sh(["git", "commit", "-qm", "longer benchmark"], repo)
 
@@ -124,7 +137,12 @@ def test_a_clone_pulls_from_a_remote_and_has_nothing_to_reproduce(repo, tmp_path
 
 
 # Outputs that record how long their stage took: a rerun writes other timings into them.
-TIMINGS = {"reports/extract.json", "reports/train.json", "reports/benchmark.json"}
+TIMINGS = {
+    "reports/extract.json",
+    "reports/train.json",
+    "reports/benchmark.json",
+    "reports/benchmark_dflash.json",
+}
 
 
 def lock_outs(repo, stage: str) -> dict[str, str]:
@@ -138,7 +156,7 @@ def test_a_stage_rerun_with_the_same_inputs_writes_the_same_outputs(repo):
     nothing downstream reruns."""
     names = sorted(yaml.safe_load((repo / "params.yaml").read_text())["datasets"])
     stages = ["check", f"prep@{names[0]}", f"generate@{names[0]}", "merge", "quality", "vocab"]
-    stages += ["report", "extract", "train", "benchmark"]  # the report shows the last 3 timings
+    stages += ["report", "extract", "train", "benchmark", "benchmark_dflash"]  # timings shown
     for stage in stages:
         before = lock_outs(repo, stage)
         sh(["dvc", "repro", "-f", "-s", stage], repo)

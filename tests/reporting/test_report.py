@@ -18,13 +18,13 @@ from stages.reporting.anatomy import decode_marked, split_reply
 from stages.reporting.card import speculators_command
 from stages.reporting.page import buckets
 from stages.reporting.summary import UNITS, run_metrics, unit
-from stages.reports.metrics import tau_key
 from stages.reports.record import ReportError
 from stages.target_model.tokens import TokenRoles
 from tests.conftest import ROOT
 from tests.reportdata import (
     BENCHMARK,
     DATASETS,
+    DFLASH,
     ERROR,
     EXTRACT,
     MERGE,
@@ -43,6 +43,7 @@ DETAILED = (  # the stages' detailed reports: plain outputs, kept in git, not me
     "reports/extract.json",
     "reports/train.json",
     "reports/benchmark.json",
+    "reports/benchmark_dflash.json",
 )
 
 ROLES = TokenRoles(
@@ -189,6 +190,7 @@ def test_metrics_are_few_and_name_their_unit():
         extract=replace(EXTRACT, extracted_tokens=0, tokens_per_s=0.0),  # nothing left
         train=TRAIN,
         benchmark=BENCHMARK,
+        dflash=DFLASH,
     )
     assert m.figures() == {
         "generated_samples": 5,
@@ -199,8 +201,8 @@ def test_metrics_are_few_and_name_their_unit():
         "tool_call_min_share": 0.7,  # only b expects tool calls
         "vocab_coverage_share": 0.99,
         "replayed_tau_best_tokens_per_step": 2.4,
-        "benchmark_tau_t0_tokens_per_step": 2.7,
-        "benchmark_tau_t0.7_tokens_per_step": 2.2,
+        "benchmark_tau_t0_tokens_per_step": 2.7,  # EAGLE-3's; T = 0.7 in the benchmark reports
+        "dflash_tau_t0_tokens_per_step": 2.05,
         "extract_tokens_per_s": None,
         "train_tokens_per_s": 1000.0,
     }
@@ -209,7 +211,6 @@ def test_metrics_are_few_and_name_their_unit():
         "disk already)"
     }
     assert all(unit(k) for k in m.figures()) and len(m.figures()) <= 12
-    assert tau_key(1.0) == "benchmark_tau_t1_tokens_per_step"
     assert set(UNITS) >= {"_share", "_tokens_per_s"}
 
 
@@ -231,6 +232,23 @@ def test_report_page(run):
         assert f'data-chart="{chart}"' in html
     assert "baseline 1.0" in html
     assert not re.search(r"""(?:src|href)=["']?https?:""", html)
+
+
+def test_the_page_shows_both_drafters_side_by_side(run):
+    """EAGLE-3's and DFlash's tau in one chart per dataset and temperature, each family's
+    per-position acceptance, and each one's width: tokens verified per step."""
+    page = html.unescape(run["out"].read_text().split('id="benchmark"')[1])
+    for series in ("EAGLE-3, T = 0.0", "DFlash, T = 0.0", "EAGLE-3, T = 0.7", "DFlash, T = 0.7"):
+        assert series in page
+    for family in ("eagle-3", "dflash"):
+        for kind in ("conditional", "unconditional"):
+            assert f'data-chart="benchmark-{family}-{kind}"' in page
+    assert "EAGLE-3: 4 tokens verified per step (chain of 3 drafts)" in page
+    assert "DFlash: 4 tokens verified per step (block of 3 drafts)" in page
+    cell = "<td[^>]*>[^<]*</td>"
+    assert re.search(
+        f"<tr><td[^>]*>DFlash</td>{cell}{cell}<td[^>]*>all</td>{cell}<td[^>]*>2.05<", page
+    )
 
 
 def test_no_chart_of_the_page_has_overlapping_labels(run):
@@ -269,7 +287,8 @@ def test_the_page_serves_the_drafter_as_the_model_card_does(run):
     card = run["card"].read_text().split("## Serving")[1]
     commands = re.findall(r"```bash\n(.*?)\n```", card, re.S)
     lines = [line for c in commands for line in c.splitlines()]
-    assert len(lines) == 4 and any(line.startswith("speculators convert ") for line in lines)
+    assert len(lines) == 5 and any(line.startswith("speculators convert ") for line in lines)
+    assert "--speculative-algorithm DFLASH" in lines[-1]  # the DFlash drafter instead
     for line in lines:
         assert line in page
     assert "vllm serve example-org/demo-target --speculative-config" in page
@@ -279,7 +298,9 @@ def test_the_page_serves_the_drafter_as_the_model_card_does(run):
 def test_metrics_file(run):
     m = json.loads(run["metrics"].read_text())
     assert m["generated_samples"] == 16 and m["truncated_max_share"] == 0.125
-    assert m["benchmark_tau_t0.7_tokens_per_step"] == 2.2
+    assert (
+        m["benchmark_tau_t0_tokens_per_step"] == 2.7 and m["dflash_tau_t0_tokens_per_step"] == 2.05
+    )
     assert m["tool_call_min_share"] == 0.5  # 3 of the 6 tools replies that stopped call one
     assert all(unit(k) for k in m)
 
@@ -338,8 +359,18 @@ def test_model_card(run):
     assert meta["license"] == "apache-2.0" and "eagle3" in meta["tags"]
     assert "| chat | 6 | 900 | 400 |" in body  # the data mix with token counts
     assert "[1, 3, 4]" in body and "[2, 4, 5]" in body  # SGLang's and vLLM's layer ids
-    assert "| tools | 3.10 | 2.60 |" in body  # tau per dataset and temperature
+    # tau per dataset, EAGLE-3 beside DFlash at each temperature, each at its verify width
+    assert (
+        "| EAGLE-3 (4/step), T = 0.0 | DFlash (4/step), T = 0.0 | EAGLE-3 (4/step), T = 0.7 |"
+        in body
+    )
+    assert "| tools | 3.10 | 2.30 | 2.60 | 1.90 |" in body
     assert "--speculative-algorithm EAGLE3" in body
+    assert (
+        "python -m sglang.launch_server --model-path example-org/demo-target "
+        f"--speculative-algorithm DFLASH --speculative-draft-model-path {run['dflash-dir']} "
+        "--speculative-num-draft-tokens 4"
+    ) in body
     assert "vllm serve example-org/demo-target --speculative-config" in body
     assert '"method": "eagle3"' in body
     # the speculators conversion carries the export's vLLM ids (its converter drops them otherwise)

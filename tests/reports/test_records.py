@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from stages.reports.benchmark import (
+    DFLASH_RECORDS,
+    DFlashInProcessBenchmark,
     InProcessBenchmark,
     ServedBenchmark,
     ServedFigures,
@@ -24,7 +26,7 @@ from stages.reports.prep import PrepReport
 from stages.reports.quality import DatasetQuality, QualityReport
 from stages.reports.record import Mismatch, Report, ReportError
 from tests.project import ROOT
-from tests.reportdata import BENCHMARK, EXTRACT, MERGE, TRAIN, VOCAB, generate_report
+from tests.reportdata import BENCHMARK, DFLASH, EXTRACT, MERGE, TRAIN, VOCAB, generate_report
 
 sys.path.insert(0, str(ROOT / "tools"))
 import structure  # noqa: E402
@@ -45,7 +47,9 @@ SERVED_FIGURES = ServedFigures(
     base_mean_latency_s=0.26,
 )
 SERVED = ServedBenchmark(
+    drafter="EAGLE-3",
     num_steps=3,
+    tokens_verified_per_step=4,
     topk=1,
     mode="chain",
     engine="sglang",
@@ -67,7 +71,8 @@ METRICS = RunMetrics(
     tool_call_min_share=None,
     vocab_coverage_share=0.99,
     replayed_tau_best_tokens_per_step=2.4,
-    benchmark_tau_tokens_per_step={0.0: 2.7, 0.7: 2.2},
+    benchmark_tau_t0_tokens_per_step=2.7,
+    dflash_tau_t0_tokens_per_step=2.05,
     extract_tokens_per_s=4000.0,
     train_tokens_per_s=None,
 )
@@ -91,6 +96,7 @@ RECORDS: dict[str, Report] = {
     "train": TRAIN,
     "benchmark": BENCHMARK,
     "benchmark (sglang)": SERVED,
+    "benchmark_dflash": DFLASH,
     "metrics": METRICS,
     "metrics notes": NOTES,
 }
@@ -168,7 +174,9 @@ KEYS = {
         "target_forward_share",
     ],
     "benchmark": [
+        "drafter",
         "num_steps",
+        "tokens_verified_per_step",
         "topk",
         "mode",
         "engine",
@@ -177,7 +185,9 @@ KEYS = {
         "sglang_launch",
     ],
     "benchmark (sglang)": [
+        "drafter",
         "num_steps",
+        "tokens_verified_per_step",
         "topk",
         "mode",
         "engine",
@@ -198,16 +208,19 @@ KEYS = {
         "vocab_coverage_share",
         "replayed_tau_best_tokens_per_step",
         "benchmark_tau_t0_tokens_per_step",
-        "benchmark_tau_t0.7_tokens_per_step",
+        "dflash_tau_t0_tokens_per_step",
         "extract_tokens_per_s",
         "train_tokens_per_s",
     ],
     "metrics notes": ["why_null"],
 }
+KEYS["benchmark_dflash"] = KEYS["benchmark"]  # the same record, written by the DFlash stage
 
 
 def read_back(record: Report, path: Path) -> Report:
-    """As the report stage reads the file (the benchmark's by its engine)."""
+    """As the report stage reads the file (the benchmarks' by their engine)."""
+    if isinstance(record, DFlashInProcessBenchmark):
+        return read_benchmark(path, DFLASH_RECORDS)
     if isinstance(record, (InProcessBenchmark, ServedBenchmark)):
         return read_benchmark(path)
     return type(record).read(path)
@@ -306,7 +319,9 @@ REPORT_MODULES = {
     "vocab": {"vocab"},
     "extract": {"extract"},
     "train": {"train"},
+    "train_dflash": {"train_dflash"},
     "benchmark": {"benchmark"},
+    "benchmark_dflash": {"benchmark"},  # the same records, under its stage's name
     "report": {"benchmark", "extract", "generate", "merge", "metrics", "train", "vocab"},
 }
 

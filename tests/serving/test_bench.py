@@ -35,9 +35,10 @@ from stages.serving.bench import (
     measure,
     server_facts,
 )
-from stages.serving.launch import is_healthy
+from stages.serving.launch import Speculation, is_healthy
 from stages.target_model.model import load_causal_lm
 from stages.target_model.tokenizer import pad_id, render_prompt
+from stages.wiring import benchmark as measured
 from stages.wiring.target import target_roles, target_tokenizer
 from tests.conftest import STORIES, STORIES_REL
 from tests.doubles import hf_server
@@ -224,10 +225,10 @@ def expected_commands(
 @pytest.fixture(scope="module")
 def in_process(model, drafter_dir, prompts, target, tokenizer) -> dict:
     """The hf mode's figures on the same prompts, at temperature 0."""
-    drafter, _ = load_drafter(drafter_dir)
     b = BenchmarkParams(num_steps=NUM_STEPS, temperatures=[0.0], max_new_tokens=MAX_NEW_TOKENS)
     stop_ids = target_roles(target, tokenizer).stop_ids
-    return encode(benchmark.benchmark(model, drafter.eval(), prompts, b, stop_ids)[GREEDY])
+    speculate = benchmark.eagle3(drafter_dir, NUM_STEPS).load(model)
+    return encode(measured.benchmark(model, speculate, prompts, b, stop_ids)[GREEDY])
 
 
 @pytest.mark.slow
@@ -235,9 +236,9 @@ def in_process(model, drafter_dir, prompts, target, tokenizer) -> dict:
 def test_the_in_process_benchmark_shows_progress_and_eta(
     model, drafter_dir, prompts, target, tokenizer, capsys
 ):
-    drafter, _ = load_drafter(drafter_dir)
     b = BenchmarkParams(num_steps=NUM_STEPS, temperatures=[0.0, 0.7], max_new_tokens=8)
-    benchmark.benchmark(model, drafter.eval(), prompts, b, target_roles(target, tokenizer).stop_ids)
+    speculate = benchmark.eagle3(drafter_dir, NUM_STEPS).load(model)
+    measured.benchmark(model, speculate, prompts, b, target_roles(target, tokenizer).stop_ids)
     lines = [x for x in capsys.readouterr().err.splitlines() if x.startswith("[benchmark]")]
     total = 2 * sum(len(g) for g in prompts.values())
     assert lines and lines[-1].startswith(f"[benchmark] {total}/{total} samples"), lines
@@ -422,7 +423,8 @@ def test_a_request_the_server_refuses_fails_the_measurement(servers):
 def test_server_params_are_checked_before_anything_runs(target, drafter_dir, sglang, message):
     b = BenchmarkParams(mode="sglang", sglang=BenchmarkSGLangParams(**sglang))
     with pytest.raises(StageError, match=message):
-        benchmark.served_benchmark({"t": [[1, 2]]}, b, [2], target, drafter_dir)
+        family = benchmark.eagle3(drafter_dir, NUM_STEPS)
+        measured.served_benchmark({"t": [[1, 2]]}, b, [2], target, family)
 
 
 def reply(sample_id: str, **meta) -> Reply:
@@ -484,8 +486,31 @@ def test_acceptance_pools_sglang_counts_and_histograms():
 )
 def test_a_speculative_server_with_other_settings_is_refused(facts, message):
     with pytest.raises(SGLangError, match=message):
-        check_speculative_server(facts, "http://s", num_steps=3)
-    check_speculative_server({"version": "0.5.23"}, "http://s", 3)  # silent: replies will tell
+        check_speculative_server(facts, "http://s", Speculation.eagle3("D", 3))
+    silent = {"version": "0.5.23"}  # the server does not say: its replies will tell
+    check_speculative_server(silent, "http://s", Speculation.eagle3("D", 3))
+
+
+def test_a_dflash_server_is_checked_at_its_block_size():
+    """SGLang's DFLASH forces num_steps and topk to 1 and takes the block size as the number of
+    draft tokens: a server of another block size (or EAGLE3) is refused, naming the flags."""
+    spec = Speculation.dflash("models/dflash", 8)
+    served = {
+        "speculative_algorithm": "DFLASH",
+        "speculative_num_steps": 1,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 8,
+    }
+    check_speculative_server(served, "http://s", spec)
+    with pytest.raises(
+        SGLangError,
+        match=r"serves \{'speculative_num_draft_tokens': 16\}.*"
+        r"--speculative-algorithm DFLASH --speculative-draft-model-path DRAFTER "
+        r"--speculative-num-draft-tokens 8",
+    ):
+        check_speculative_server({**served, "speculative_num_draft_tokens": 16}, "http://s", spec)
+    with pytest.raises(SGLangError, match=r"'speculative_algorithm': 'EAGLE3'"):
+        check_speculative_server({**served, "speculative_algorithm": "EAGLE3"}, "http://s", spec)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from stages.engines.sglang_http import SERVED_FACTS, request_body
 from stages.params.server import SGLangLaunchParams, SGLangServerArgs
 from stages.params.target import TargetParams
 from stages.serving import bench as sglang_bench
-from stages.serving import launch as sglang_launch
+from stages.serving.launch import Speculation
 from stages.wiring.engines import server_command
 from tests.conftest import ROOT
 
@@ -128,18 +128,59 @@ def every_server_arg_set() -> SGLangLaunchParams:
     return SGLangLaunchParams(server_args=SGLangServerArgs(**values))
 
 
+# Both drafter families as the launcher and the served benchmark put them before the target.
+SPECULATIONS = (Speculation.eagle3("D", 3), Speculation.dflash("D", 16))
+
+
+def unknown_flags(release, command: list[str]) -> set[str]:
+    """The flags of `command` that the release's launch_server does not parse."""
+    return {a for a in command if a.startswith("--")} - served.launch_flags(release)
+
+
 def test_launch_flags(release):
     target = TargetParams(path="/models/target", trust_remote_code=True)
     passed = [a for a in server_command(every_server_arg_set(), target) if a.startswith("--")]
-    passed += [a for a in sglang_launch.speculative_args("D", 3) if a.startswith("--")]
-    assert len(passed) >= len(dataclasses.fields(SGLangServerArgs)) + 6
-    unknown = set(passed) - served.launch_flags(release)
+    for spec in SPECULATIONS:
+        passed += [a for a in spec.args() if a.startswith("--")]
+    assert len(passed) >= len(dataclasses.fields(SGLangServerArgs)) + 6 + 3
+    unknown = unknown_flags(release, passed)
     assert not unknown, f"launch_server {release.version} has no flag(s) {sorted(unknown)}"
     unknown = set(sglang_bench.SPECULATIVE_FIELDS) - served.server_args_fields(release)
     assert not unknown, f"ServerArgs {release.version} has no field(s) {unknown}"
     reported = {"version", *SERVED_FACTS.values(), *sglang_bench.SPECULATIVE_FIELDS}
     unknown = reported - served.server_info_keys(release)
     assert not unknown, f"/server_info of {release.version} reports no {unknown}"
+    for spec in SPECULATIONS:  # what the served benchmark checks is what the release reports
+        assert set(spec.settings()) <= set(sglang_bench.SPECULATIVE_FIELDS)
+
+
+def test_each_speculative_algorithm_is_one_the_release_runs(release):
+    """EAGLE3 and DFLASH are members of the release's SpeculativeAlgorithm, which
+    --speculative-algorithm names (a misspelt one is refused at launch)."""
+    algorithms = release.cls(
+        "sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"
+    ).enum_members()
+    assert {spec.algorithm for spec in SPECULATIONS} <= algorithms, release.version
+
+
+@pytest.mark.parametrize(
+    "planted, unknown",
+    [
+        (
+            ("--speculative-num-draft-tokens", "--speculative-block-size"),
+            "--speculative-block-size",
+        ),
+        (
+            ("--speculative-draft-model-path", "--speculative-draft-path"),
+            "--speculative-draft-path",
+        ),
+    ],
+)
+def test_a_planted_wrong_dflash_flag_is_caught(release, planted, unknown):
+    """The check above fails on a DFLASH launch with one flag misnamed."""
+    right, wrong = planted
+    command = [wrong if a == right else a for a in Speculation.dflash("D", 16).args()]
+    assert unknown_flags(release, command) == {unknown}
 
 
 def test_flags_named_in_messages(release):

@@ -175,9 +175,11 @@ def stages_depending_on(path: str) -> set[str]:
     "module, stages",
     [
         ("stages/params/train.py", {"check", "train", "report"}),
-        ("stages/drafter/knobs.py", {"check", "train", "report"}),  # the loop's train keys
+        # the loop's keys, which `train` and `dflash` both hold
+        ("stages/drafter/knobs.py", {"check", "train", "train_dflash", "report"}),
+        ("stages/params/dflash.py", {"check", "train_dflash"}),
         ("stages/params/extract.py", {"check", "extract", "train"}),
-        ("stages/params/benchmark.py", {"check", "benchmark"}),
+        ("stages/params/benchmark.py", {"check", "benchmark", "benchmark_dflash"}),
         ("stages/params/merge.py", {"check", "merge"}),
         ("stages/params/vocab.py", {"check", "vocab"}),
     ],

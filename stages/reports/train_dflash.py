@@ -1,0 +1,31 @@
+"""reports/train_dflash.json, written by the train_dflash stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .record import Report
+
+
+@dataclass(frozen=True)
+class TrainDFlashReport(Report):
+    """The run's length and loss, the best evaluation (that of the exported checkpoint: its tau,
+    the tokens one verify step accepts on the eval split) and how fast the steps ran."""
+
+    STAGE: ClassVar[str] = "train_dflash"
+
+    steps: int
+    final_loss: float | None  # None: NaN (a diverged run)
+    best_step: int | None  # None: no evaluation ran
+    best_tau: float | None  # mean leading correct drafts per block + 1, on the eval split
+    best_accuracy: list[float]  # per draft position 1 .. block_size - 1, at the best evaluation
+    block_size: int
+    target_layer_ids: list[int]  # SGLang's, from the captured HF indices
+    world_size: int
+    tokens_per_s: float  # after the warm-up steps; 0.0 when every step of this run was one
+    warmup_s: float
+    padding_share: float
+    compiled: bool
+    compile_failed_at_step: int | None  # None: no compilation failed
+    seconds: float  # this run's training steps, evaluations and checkpoints, wall clock
