@@ -131,6 +131,7 @@ def test_a_clone_pulls_from_a_remote_and_has_nothing_to_reproduce(repo, tmp_path
     assert status == {  # all that differs: the hidden states, never pushed
         "extract": [{"changed outs": {"data/hidden": "deleted"}}],
         "train": [{"changed deps": {"data/hidden": "deleted"}}],
+        "train_dflash": [{"changed deps": {"data/hidden": "deleted"}}],
     }, status
     again = sh(["dvc", "repro", "--allow-missing"], clone)
     assert ran_stages(again.stdout) == set(), again.stdout

@@ -38,8 +38,9 @@ FLAGS = [
     "--disable-sync",
 ]
 # the charts the synthetic run must show: the data overview, 3 histograms per dataset, the
-# training curves and per-position acceptance, and the benchmark's tau and acceptance
-CHARTS = 4 + 3 * 2 + 3 + 3
+# training curves and per-position acceptance, the benchmark's tau (both drafter families in
+# one chart) and each family's two acceptance charts
+CHARTS = 4 + 3 * 2 + 3 + 1 + 2 * 2
 
 # each chart, as the browser laid it out: its box, and how many of its marks have an area
 # (a bar of some height, a line of some length)

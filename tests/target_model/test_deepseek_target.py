@@ -57,7 +57,13 @@ STAGE_OUTPUTS = {  # what each stage of the pipeline writes, relative to the pro
         "models/drafter/model.safetensors",
         "reports/train.json",
     ],
+    "train_dflash": [
+        "models/dflash/config.json",
+        "models/dflash/model.safetensors",
+        "reports/train_dflash.json",
+    ],
     "benchmark": ["reports/benchmark.json"],
+    "benchmark_dflash": ["reports/benchmark_dflash.json"],
     "report": [
         "reports/index.html",
         "reports/metrics.json",
@@ -288,6 +294,14 @@ def deepseek_params(target: Path):
             max_steps=6,
             batch_size=2,
             ttt_steps=3,
+            eval_every=3,
+            checkpoint_every=3,
+            eval_max_samples=4,
+            sglang_version=SGLANG_VERSION,
+        )
+        p["dflash"].update(
+            max_steps=6,
+            batch_size=2,
             eval_every=3,
             checkpoint_every=3,
             eval_max_samples=4,
