@@ -61,7 +61,7 @@ MAX_NEW_TOKENS = 128
 TRAIN_STEPS = 40
 # each command by how its README line starts
 COMMANDS = {
-    "serve": "python -m sglang.launch_server --model-path <target>",
+    "serve": "python -m sglang.launch_server --model-path <target> --speculative-algorithm EAGLE3",
     "canary": "torchrun --standalone --nproc-per-node 8 -m stages.commands.canary",
     "extract": "torchrun --standalone --nproc-per-node 8 -m stages.extract",
     "train": "torchrun --standalone --nproc-per-node 8 -m stages.train",
