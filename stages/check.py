@@ -106,11 +106,12 @@ def check_mask_token(params: Path, target: TargetParams) -> None:
 def check_capture_target(params: Path, path: str) -> None:
     """The sglang capture engine runs SGLang's model runner without the scheduler that sets up a
     Mamba or linear-attention target's state pool: such a target is refused here."""
-    if ExtractParams.read(params).engine != "sglang" or not (Path(path) / "config.json").exists():
+    config_file = Path(path) / "config.json"
+    if ExtractParams.read(params).engine != "sglang" or not config_file.exists():
         return
-    model_type = recurrent_model_type(path)
+    config = json.loads(config_file.read_text())
+    model_type = recurrent_model_type(config)
     if model_type is not None:
-        config = json.loads((Path(path) / "config.json").read_text())
         architecture = (config.get("architectures") or ["?"])[0]
         raise ParamsError(
             f"{params}:extract.engine: sglang cannot capture {path} ({architecture}, model "

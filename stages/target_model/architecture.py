@@ -9,9 +9,6 @@ refused before any stage loads it, naming its model type and architecture.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 # The `model_type` of every config class SGLang treats as a Mamba or linear-attention hybrid
 # (its hybrid_arch.py, or ModelRunner's *_config properties before 0.5.16), over every supported
 # release: tests/sglang_contract/test_recurrent_targets.py holds the list to each release.
@@ -43,10 +40,9 @@ RECURRENT_MODEL_TYPES = frozenset(
 )
 
 
-def recurrent_model_type(target: str | Path) -> str | None:
-    """The model type of the target (or of the language model it wraps, under `text_config`)
-    when SGLang runs it with a recurrent state; None otherwise."""
-    config = json.loads((Path(target) / "config.json").read_text())
+def recurrent_model_type(config: dict) -> str | None:
+    """The model type of a target's config.json (or of the language model it wraps, under
+    `text_config`) when SGLang runs it with a recurrent state; None otherwise."""
     for part in (config, config.get("text_config") or {}):
         if part.get("model_type") in RECURRENT_MODEL_TYPES:
             return str(part["model_type"])
