@@ -18,18 +18,19 @@ file written under --work from params.yaml:
   wrapper is remote code transformers cannot load).
 - extract-k25: `stages.extract` with the sglang engine on the Kimi-K2.5 layout and on the plain
   DeepSeek-V3 of the same weights: ids equal, the features' largest difference per shard.
-- dflash-served: a DFlash drafter of the demo target with random weights, written by the
-  project's export (stages/dflash/export.py) and served as written by SGLang's DFLASH worker
-  (triton attention, no CUDA graphs) beside a plain server, both with
-  --enable-deterministic-inference: greedy replies compared, the served accept length from
-  `meta_info` (about 1 with random weights: what this path shows is that the export loads).
+- dflash-served: the demo's DFlash drafter as the train_dflash stage exported it (models/dflash,
+  unedited) served by SGLang's DFLASH worker (triton attention, no CUDA graphs) beside a plain
+  server, both with --enable-deterministic-inference (both without it, said in the figures, when
+  the DFLASH server does not start with it): greedy replies compared, the served accept length
+  from `meta_info`.
 - generate: `stages.generate` of one dataset through a server it launches from params, and with
   the hf engine on the GPU: the rows whose output_ids are identical.
 - extract: `stages.extract` with the sglang engine and with the hf engine: ids and loss masks
   equal, the features' largest relative difference per shard.
-- benchmark: `stages.benchmark` served (both servers launched from params, the drafter as the
-  train stage exported it) and in-process on the GPU: tau at T=0 of each (without the prefill
-  token), their verify steps.
+- benchmark, benchmark-dflash: `stages.benchmark` (EAGLE-3, models/drafter) and
+  `stages.benchmark_dflash` (DFlash, models/dflash) served (both servers launched from params, the
+  drafter as its train stage exported it) and in-process on the GPU: tau at T=0 of each (without
+  the prefill token), their verify steps.
 - online: `stages.extract` with store none, then `stages.train` over the sglang engine: its steps
   and `features`.
 - launch-line: the launch line the model card and report print, against the speculative server's
@@ -196,27 +197,6 @@ def canary_k25(work: Path) -> dict:
     return canary(work, "canary-k25", str(k25_target(work)), "--reference-path", plain)
 
 
-DFLASH_BLOCK, DFLASH_MASK_ID = 8, 14  # the demo tokenizer's [PAD]: never generated
-
-
-def random_dflash(work: Path) -> Path:
-    """A two-layer DFlash drafter of the demo target, random weights, exported by the project."""
-    import torch
-
-    from stages.dflash.export import export_dflash
-    from stages.dflash.model import DFlashConfig, DFlashDrafter
-
-    out = work / "dflash-random"
-    if (out / "config.json").exists():
-        return out
-    target = json.loads((ROOT / "data/demo/target/config.json").read_text())
-    cfg = DFlashConfig.from_target(
-        target, num_hidden_layers=2, block_size=DFLASH_BLOCK, mask_token_id=DFLASH_MASK_ID
-    )
-    torch.manual_seed(0)
-    return export_dflash(DFlashDrafter(cfg), out, target)
-
-
 def first_prompts(merged: Path, k: int) -> list[tuple[str, list[int]]]:
     """(sample id, prompt ids) of the first k merged samples: each sample's ids up to its first
     supervised token."""
@@ -226,7 +206,9 @@ def first_prompts(merged: Path, k: int) -> list[tuple[str, list[int]]]:
     return [(r["sample_id"], r["input_ids"][: r["loss_spans"][0][0]]) for r in rows]
 
 
-def served_greedy(work: Path, name: str, extra: list[str], prompts: list) -> dict:
+def served_greedy(
+    work: Path, name: str, extra: list[str], prompts: list, deterministic: bool = True
+) -> dict:
     """Launch the demo target with `extra` flags, send `prompts` greedily, stop it: each
     sample's output ids, and the replies' completion tokens and verify steps."""
     from stages.engines import Sampling
@@ -235,12 +217,14 @@ def served_greedy(work: Path, name: str, extra: list[str], prompts: list) -> dic
     from stages.serving.launch import SGLangServer, launch_command, server_url
 
     port = PORT + 2
-    args = dict(port=port, mem_fraction_static=0.5, enable_deterministic_inference=True)
+    args = dict(port=port, mem_fraction_static=0.5)
+    if deterministic:
+        args["enable_deterministic_inference"] = True
     command = launch_command(str(ROOT / "data/demo/target"), args, extra)
     url = server_url("127.0.0.1", port)
     with SGLangServer(command, url, work / f"server-{name}.log") as server:
         healthy_s = server.wait_healthy(600)
-        run = measure(SGLangEngine([url], concurrency=16), prompts, Sampling(max_new_tokens=64))
+        run = measure(SGLangEngine([url], concurrency=16), prompts, Sampling(max_new_tokens=128))
     return {
         "outputs": run.outputs,
         "tokens": run.completion_tokens,
@@ -251,14 +235,23 @@ def served_greedy(work: Path, name: str, extra: list[str], prompts: list) -> dic
 
 
 def dflash_served(work: Path) -> dict:
-    drafter = random_dflash(work)
-    prompts = first_prompts(ROOT / "data/merged", 16)
-    plain = served_greedy(work, "plain", ["--disable-cuda-graph"], prompts)
+    from stages.serving.launch import ServerError
+
+    drafter = ROOT / "models/dflash"
+    prompts = first_prompts(ROOT / "data/merged", 32)
     flags = ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter)]
-    dflash = served_greedy(work, "dflash", [*flags, "--disable-cuda-graph"], prompts)
+    try:
+        dflash = served_greedy(work, "dflash", [*flags, "--disable-cuda-graph"], prompts)
+        deterministic = True
+    except ServerError as err:  # the DFLASH worker refuses deterministic inference
+        print(f"dflash-served: deterministic server did not start ({err}); again without")
+        deterministic = False
+        dflash = served_greedy(work, "dflash", [*flags, "--disable-cuda-graph"], prompts, False)
+    plain = served_greedy(work, "plain", ["--disable-cuda-graph"], prompts, deterministic)
     same = sum(dflash["outputs"][k] == v for k, v in plain["outputs"].items())
     return {
         "passed": same == len(prompts) and dflash["verify"] > 0,
+        "deterministic": deterministic,
         "identical": f"{same} of {len(prompts)}",
         "tokens": dflash["tokens"],
         "accept_length": round(dflash["tokens"] / max(dflash["verify"], 1), 4),
@@ -390,35 +383,41 @@ def extract_k25(work: Path) -> dict:
     }
 
 
-def benchmark(work: Path) -> dict:
-    results = {}
-    for mode in ("sglang", "hf"):
-        p = params(work, f"benchmark-{mode}", VARIANTS[f"benchmark-{mode}"])
-        stage(
-            work,
-            f"benchmark-{mode}",
-            "stages.benchmark",
-            "--merged",
-            "data/merged",
-            "--drafter-dir",
-            "models/drafter",
-            "--report",
-            str(work / f"benchmark-{mode}.json"),
-            "--plot",
-            str(work / f"benchmark-{mode}.csv"),
-            "--params",
-            str(p),
-        )
-        results[mode] = json.loads((work / f"benchmark-{mode}.json").read_text())
-    served, in_process = greedy_tau(results["sglang"]), greedy_tau(results["hf"])
-    close = abs(served - in_process) <= 0.05 * in_process
-    return {
-        "passed": close and served > 1.0,
-        "served_tau": served,
-        "in_process_tau": in_process,
-        "served_verify_steps": results["sglang"]["temperatures"]["0.0"].get("verify_steps"),
-        "version": results["sglang"].get("engine_version"),
-    }
+def benchmark_family(stage_module: str, drafter_dir: str, tag: str) -> Callable[[Path], dict]:
+    """A benchmark stage served and in process: the same prompts, tau at T=0 of each."""
+
+    def path(work: Path) -> dict:
+        results = {}
+        for mode in ("sglang", "hf"):
+            name = f"benchmark{tag}-{mode}"
+            p = params(work, name, VARIANTS[f"benchmark-{mode}"])
+            stage(
+                work,
+                name,
+                stage_module,
+                "--merged",
+                "data/merged",
+                "--drafter-dir",
+                drafter_dir,
+                "--report",
+                str(work / f"{name}.json"),
+                "--plot",
+                str(work / f"{name}.csv"),
+                "--params",
+                str(p),
+            )
+            results[mode] = json.loads((work / f"{name}.json").read_text())
+        served, in_process = greedy_tau(results["sglang"]), greedy_tau(results["hf"])
+        close = abs(served - in_process) <= 0.05 * in_process
+        return {
+            "passed": close and served > 1.0,
+            "served_tau": served,
+            "in_process_tau": in_process,
+            "served_verify_steps": results["sglang"]["temperatures"]["0.0"].get("verify_steps"),
+            "version": results["sglang"].get("engine_version"),
+        }
+
+    return path
 
 
 def greedy_tau(report: dict) -> float:
@@ -495,7 +494,8 @@ PATHS: dict[str, Callable[[Path], dict]] = {
     "dflash-served": dflash_served,
     "generate": generate,
     "extract": extract,
-    "benchmark": benchmark,
+    "benchmark": benchmark_family("stages.benchmark", "models/drafter", ""),
+    "benchmark-dflash": benchmark_family("stages.benchmark_dflash", "models/dflash", "-dflash"),
     "launch-line": launch_line_path,
     "online": online,
 }
