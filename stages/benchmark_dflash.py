@@ -8,6 +8,10 @@ serves it at that width unless told otherwise. Writes reports/benchmark_dflash.j
 benchmark's records with the tokens verified per step beside tau, and
 reports/plots/benchmark_dflash_acceptance.csv. Mode `sglang` serves it with
 --speculative-algorithm DFLASH (stages/serving/launch.py `Speculation`).
+
+Where train_dflash trained no drafter (extract.drafters leaves out dflash, and models/dflash is
+left empty), nothing loads: the report is a NotTrained record saying why and the CSV holds only
+its header, so the report stage prints "not trained" in place of the figures.
 """
 
 from __future__ import annotations
@@ -21,9 +25,14 @@ from .dflash.export import check_export, load_dflash, sglang_view
 from .dflash.speculate import dflash_generate
 from .drafter.export import PROJECT_KEY, read_exported_config
 from .params.schema import PARAMS_FILE
-from .reports.benchmark import DFLASH_RECORDS
+from .reports.benchmark import DFLASH_RECORDS, NotTrained
+from .runtime.files import write_csv
+from .runtime.outputs import remove_stale_temps_around
 from .serving.launch import Speculation
 from .wiring.benchmark import Family, Speculate, measure_drafter
+
+# The plot's columns, as acceptance_rows (stages/wiring/benchmark.py) writes them
+ACCEPTANCE_COLUMNS = ["temperature", "dataset", "position", "conditional", "unconditional"]
 
 
 def dflash(drafter_dir: Path, block_size: int) -> Family:
@@ -46,6 +55,21 @@ def dflash(drafter_dir: Path, block_size: int) -> Family:
     )
 
 
+def is_untrained(drafter_dir: Path) -> bool:
+    """An empty drafter directory is how train_dflash says it trained nothing; any other
+    missing or broken export is a fault, refused by the export check."""
+    return drafter_dir.is_dir() and not any(drafter_dir.iterdir())
+
+
+def write_not_trained(drafter_dir: Path, report: Path, plot: Path) -> None:
+    """The stage's outputs with no drafter to measure: the NotTrained record, the CSV's header."""
+    remove_stale_temps_around(report, plot)  # a killed run's half-written report
+    reason = f"extract.drafters leaves out dflash, so train_dflash left {drafter_dir} empty"
+    NotTrained(drafter="DFlash", trained=False, reason=reason).write(report)
+    write_csv([], plot, ACCEPTANCE_COLUMNS)
+    print(f"[benchmark_dflash] DFlash not trained: {reason}; nothing to measure")
+
+
 def main(
     merged: PathOpt,
     drafter_dir: PathOpt,
@@ -53,7 +77,11 @@ def main(
     plot: PathOpt,
     params: Path = PARAMS_FILE,
 ) -> None:
-    """Measure acceptance length and speedup of the exported DFlash drafter."""
+    """Measure acceptance length and speedup of the exported DFlash drafter (or, with none
+    trained, write a report saying so)."""
+    if is_untrained(drafter_dir):
+        write_not_trained(drafter_dir, report, plot)
+        return
 
     def family(target_config) -> Family:
         """The export checked against the target (and the SGLang release it was written for)

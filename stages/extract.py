@@ -1,11 +1,13 @@
 """extract: the target's hidden states for every merged sample, in resumable safetensors shards.
 
-Reads params `target` and `extract`. Writes data/hidden/shard-NNNNN.safetensors (aux [T, 3H],
-last [T, H], input_ids [T], loss_mask [T]), data/hidden/index.parquet (sample_id, split, shard,
-offset, length) and data/hidden/meta.json (which HF hidden-state indices, and the layer ids that
-make SGLang and vLLM capture the same ones). Shards are the unit of resume. `extract.store`
-(stages/artifacts/hidden.py) keeps only what the loss reads (`supervised`), or no features at all
-(`none`: no target is loaded here, the train stage runs it).
+Reads params `target`, `extract` and, when extract.drafters names DFlash, the layers `dflash`
+reads. Captures the union of the layers of every family in extract.drafters, once. Writes
+data/hidden/shard-NNNNN.safetensors (aux [T, layers x H], last [T, H], input_ids [T], loss_mask
+[T]), data/hidden/index.parquet (sample_id, split, shard, offset, length) and
+data/hidden/meta.json (which HF hidden-state indices, which of them each family reads, and the
+layer ids that make SGLang and vLLM capture the same ones). Shards are the unit of resume.
+`extract.store` (stages/artifacts/hidden.py) keeps only what the loss reads (`supervised`), or
+no features at all (`none`: no target is loaded here, the train stages run it).
 
 The engine (`extract.engine`) is behind one interface, stages/capture/interface.py `Capture`:
 `hf` loads the whole target in every process and, under torchrun, each rank extracts every
@@ -23,6 +25,7 @@ ShardWriter). reports/extract.json's tokens_per_s is that loop's, after the warm
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import time
@@ -42,20 +45,28 @@ from .artifacts.hidden import (
     shard_rows,
 )
 from .capture.buffers import FeatureBuffers
-from .capture.interface import Capture
+from .capture.interface import Capture, config_facts
 from .capture.shards import CaptureTimes, ShardCapture, leading_rows, timed_rate
 from .cli import PathOpt, params_key, run, summary
+from .params.dflash import DFlashParams
 from .params.extract import ExtractParams
 from .params.schema import PARAMS_FILE
 from .params.target import TargetParams
-from .reports.extract import ExtractReport
+from .reports.extract import ExtractReport, layer_costs
 from .runtime import parallel
 from .runtime.device import resolve_device
 from .runtime.files import remove_with_checksum, write_json
 from .runtime.outputs import output_lock, remove_stale_temps, remove_stale_temps_around
 from .runtime.progress import Progress
 from .target_model.tokenizer import model_fingerprint
-from .wiring.capture import DTYPES, ConfigFacts, build_capture, config_only_facts
+from .wiring.capture import (
+    DTYPES,
+    ConfigFacts,
+    build_capture,
+    captured_layers,
+    config_only_facts,
+    drafter_layers,
+)
 
 
 def forward_tokens(params: ExtractParams) -> int:
@@ -72,12 +83,17 @@ def extract(
     target: TargetParams,
     rank: int = 0,
     world: int = 1,
+    dflash: DFlashParams | None = None,
 ) -> ExtractReport:
     """Extract into `out_dir`, whose lock rank 0 holds throughout (a second extraction into the
-    same folder is refused)."""
+    same folder is refused). `dflash`: the DFlash section, whose layers are captured too when
+    extract.drafters names it (None: its defaults)."""
+    with params_key("target"):
+        num_layers = config_facts(target.path)[1]
+    layers = drafter_layers(params, dflash or DFlashParams(), num_layers)
     lock = output_lock(out_dir, "extract") if rank == 0 else contextlib.nullcontext()
     with lock:
-        return _extract(merged_dir, out_dir, params, target, rank, world)
+        return _extract(merged_dir, out_dir, params, target, rank, world, layers)
 
 
 def _extract(
@@ -87,9 +103,12 @@ def _extract(
     target: TargetParams,
     rank: int,
     world: int,
+    layers: dict[str, list[int]],
 ) -> ExtractReport:
     """The stage as the steps every rank takes together (barriers inside them): the plan, the
-    folder made to match it, the shards left shared out, a timed warm-up, the loop, the index."""
+    folder made to match it, the shards left shared out, a timed warm-up, the loop, the index.
+    `layers`: what each drafter family reads; the union is captured, once."""
+    params = dataclasses.replace(params, layers=captured_layers(layers))
     # store none keeps no features: no target is loaded, its facts come from its config.json
     capture = build_capture(params, target, rank, world) if params.store != "none" else None
     facts = capture if capture is not None else config_only_facts(params, target, rank, world)
@@ -102,7 +121,7 @@ def _extract(
     size = hidden.storage(
         plan, width, facts.hidden_size, DTYPES[params.dtype].itemsize, params.store
     )
-    meta = _meta(fingerprint, shaped_by, params, target, facts, capture, size)
+    meta = _meta(fingerprint, shaped_by, params, target, facts, capture, size, layers)
     storage_line = _storage_line(total, size, len(plan), meta, params)
     _prepare_out_dir(out_dir, meta, storage_line, rank, world)
     shards = _Shards(merged_dir, out_dir, plan, [shard_key(fingerprint, shard) for shard in plan])
@@ -128,6 +147,7 @@ def _extract(
         samples=sum(len(shard) for shard in plan),
         **size,
         aux_hf_indices=facts.aux_indices,
+        drafters=layer_costs(layers, facts.hidden_size, DTYPES[params.dtype].itemsize),
         world_size=world,
         engine=params.engine,
         extracted_tokens=left,
@@ -218,6 +238,7 @@ def _meta(
     facts: Capture | ConfigFacts,
     capture: Capture | None,
     size: dict,
+    layers: dict[str, list[int]],
 ) -> hidden.HiddenMeta:
     """meta.json as this run writes it: what train reads of the target and the storage, and the
     fingerprint and facts a rerun compares to know whether the folder is still this run's."""
@@ -231,6 +252,7 @@ def _meta(
         aux_hf_indices=facts.aux_indices,
         dtype=params.dtype,
         bytes_per_token=size["bytes_per_token"],
+        drafter_layers=layers,
         **_engine_meta(params.engine, capture),
         **({} if params.store == "all" else {k: size[k] for k in ("store", "bytes_per_token_all")}),
     )
@@ -244,8 +266,14 @@ def _storage_line(
         f"[extract] {total:,} tokens x {meta.bytes_per_token:,} bytes/token = "
         f"{size['bytes'] / 2**30:.2f} GiB in {shards} shards (store {params.store}, "
         f"all: {size['bytes_per_token_all']:,} bytes/token; layers {meta.aux_hf_indices} of "
-        f"{meta.num_hidden_layers}, engine {params.engine})"
+        f"{meta.num_hidden_layers}: {_families(meta.drafter_layers or {})}; engine "
+        f"{params.engine})"
     )
+
+
+def _families(layers: dict[str, list[int]]) -> str:
+    """Which layers each family reads, for the storage line."""
+    return ", ".join(f"{family} {read}" for family, read in layers.items())
 
 
 def _prepare_out_dir(
@@ -439,12 +467,13 @@ def main(merged: PathOpt, out: PathOpt, report: PathOpt, params: Path = PARAMS_F
     """Extract target hidden states (run under torchrun for several GPUs)."""
     ext = ExtractParams.read(params)
     target = TargetParams.read(params)
+    dflash = DFlashParams.read(params)  # the layers DFlash reads, when extract.drafters names it
     rank, device = parallel.start(resolve_device(target.device))
     target = TargetParams(**{**target.__dict__, "device": str(device)})
     if rank.main:
         remove_stale_temps_around(report)  # the folder `out` is cleaned by extract() itself
     with parallel.collective_failures_named(rank):
-        metrics = extract(merged, out, ext, target, rank.rank, rank.world)
+        metrics = extract(merged, out, ext, target, rank.rank, rank.world, dflash)
     if rank.main:
         metrics.write(report)
         print(summary("extract", metrics.to_json()))

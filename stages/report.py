@@ -5,13 +5,14 @@
   presence, tool-call integrity, budget used, failures with their messages, a few sample records
   decoded with the target's tokenizer (reasoning, answer, tool calls apart, special tokens
   shown); training curves; the EAGLE-3 and DFlash benchmarks' tau side by side per dataset and
-  position against plain decoding.
+  position against plain decoding (or, where no DFlash drafter was trained, why not).
 - reports/metrics.json: THE DVC metrics file, the dozen figures a run is judged by, each key
   named with its unit (`stages/reporting/summary.py`); beside it reports/metrics_notes.json, why
   each null figure is null (text, which a metrics file cannot hold without DVC printing it).
 - the drafter's model card (a Hugging Face README.md), beside the report: its tau is only known
   after the benchmark, which reads the drafter, so train cannot write it, and no stage writes
-  into another stage's output. It gives the DFlash drafter's tau and SGLang launch line too.
+  into another stage's output. It gives the DFlash drafter's tau and SGLang launch line too, or
+  says it was not trained, and why.
 
 Reads params `report`, `datasets`, `quality.histogram_buckets`, `target` (the tokenizer) and
 `train.sglang_version`. The data questions are the quality stage's (`stages/queries/quality.py`, the
@@ -38,8 +39,13 @@ from .reporting.card import CardFacts, FamilyTau, model_card, serving_commands
 from .reporting.page import ReportData, SampleView, Serving, render
 from .reporting.samples import sample_views
 from .reporting.summary import run_metrics
-from .reports.benchmark import DFLASH_RECORDS, BenchmarkReport, read_benchmark
-from .reports.extract import ExtractReport
+from .reports.benchmark import (
+    BenchmarkReport,
+    NotTrained,
+    read_benchmark,
+    read_dflash_benchmark,
+)
+from .reports.extract import ExtractReport, eagle3_layers
 from .reports.generate import GenerateReport
 from .reports.merge import MergeReport
 from .reports.metrics import MetricsNotes, RunMetrics
@@ -117,7 +123,7 @@ class StageReports:
     extract: ExtractReport
     train: TrainReport
     benchmark: BenchmarkReport
-    dflash: BenchmarkReport  # the DFlash drafter's benchmark
+    dflash: BenchmarkReport | NotTrained  # the DFlash drafter's benchmark, or why none ran
 
     def metrics(
         self, answers: dict, datasets: dict[str, DatasetParams]
@@ -146,19 +152,33 @@ class ServedDrafter:
     drafter_dir: Path
     num_steps: int  # the chain depth the benchmark measured
     layer_ids: dict[str, list | None]  # hf (trained indices), sglang, vllm
-    dflash: Speculation  # the DFlash drafter at the block size its benchmark measured
+    dflash: FamilyTau | NotTrained  # DFlash's tau and launch line at its benchmark's block size
 
     @property
     def sglang_command(self) -> str:
         """The SGLang launch line both print."""
         return Speculation.eagle3(self.drafter_dir, self.num_steps).launch_line(self.model)
 
-    def families(self, reports: StageReports) -> tuple[FamilyTau, FamilyTau]:
-        """EAGLE-3's benchmark and DFlash's, each with the launch line that serves it."""
-        return (
-            FamilyTau.of(reports.benchmark, self.sglang_command),
-            FamilyTau.of(reports.dflash, self.dflash.launch_line(self.model)),
-        )
+    @property
+    def dflash_command(self) -> str | None:
+        """The DFlash drafter's SGLang launch line; None: none was trained to serve."""
+        return None if isinstance(self.dflash, NotTrained) else self.dflash.sglang_command
+
+    def families(self, reports: StageReports) -> tuple[FamilyTau, FamilyTau | NotTrained]:
+        """EAGLE-3's benchmark and DFlash's (or why it has none), each with the launch line that
+        serves it."""
+        return FamilyTau.of(reports.benchmark, self.sglang_command), self.dflash
+
+
+def dflash_family(
+    report: BenchmarkReport | NotTrained, dflash_dir: Path, model: str
+) -> FamilyTau | NotTrained:
+    """DFlash's tau, served at the block size its benchmark measured; NotTrained as it is: there
+    is no drafter to serve."""
+    if isinstance(report, NotTrained):
+        return report
+    speculation = Speculation.dflash(dflash_dir, report.tokens_verified_per_step)
+    return FamilyTau.of(report, speculation.launch_line(model))
 
 
 def served_drafter(
@@ -170,18 +190,19 @@ def served_drafter(
     drafter_dir, dflash_dir = drafter_dirs
     drafter_config = read_json(drafter_dir / "config.json")
     layer_ids = {
-        "hf": reports.extract.aux_hf_indices,
+        "hf": eagle3_layers(reports.extract),
         "sglang": (drafter_config.get("eagle_config") or {}).get(
             "eagle_aux_hidden_state_layer_ids"
         ),
         "vllm": drafter_config.get("eagle_aux_hidden_state_layer_ids"),
     }
+    model = card.base_model or target.path
     return ServedDrafter(
-        model=card.base_model or target.path,
+        model=model,
         drafter_dir=drafter_dir,
         num_steps=reports.benchmark.num_steps,
         layer_ids=layer_ids,
-        dflash=Speculation.dflash(dflash_dir, reports.dflash.tokens_verified_per_step),
+        dflash=dflash_family(reports.dflash, dflash_dir, model),
     )
 
 
@@ -239,7 +260,7 @@ def report_data(
         served.num_steps,
         served.sglang_command,
         layer_ids["vllm"],
-        served.dflash.launch_line(served.model),
+        served.dflash_command,
     )
     return ReportData(
         title="EAGLE-3 pipeline report",
@@ -301,7 +322,7 @@ def main(
         extract=ExtractReport.read(extract_report),
         train=TrainReport.read(train_report),
         benchmark=read_benchmark(benchmark_report),
-        dflash=read_benchmark(dflash_report, DFLASH_RECORDS),
+        dflash=read_dflash_benchmark(dflash_report),
     )
     raw = raw_views(raw_dir, datasets, p, q, target)
     figures, notes = reports.metrics(raw.answers, datasets)

@@ -46,16 +46,21 @@ from .params.extract import ExtractParams
 from .params.schema import PARAMS_FILE
 from .params.target import TargetParams
 from .params.train import TrainParams
-from .reports.train import STORED, TrainReport
+from .reports.train import TrainReport
 from .runtime import parallel
 from .runtime.device import resolve_device
 from .runtime.fields import speed_only_keys
 from .runtime.files import write_csv
 from .target_model.weights import embedding_and_head
 from .wiring.drafter_run import (
+    ONLINE,
     best_checkpoint,
     checkpoint_identity,
     complete_run,
+    family_layers,
+    feature_source,
+    features_identity,
+    features_origin,
     guarded_outputs,
     loop_settings,
     prepare,
@@ -67,13 +72,10 @@ from .wiring.drafter_run import (
 from .wiring.online_features import online_features
 
 
-def build_drafter(
-    target_config, meta: hidden.HiddenMeta, vocab_file: Path, draft: dict
-) -> Eagle3Drafter:
+def build_drafter(target_config, layers: list[int], vocab_file: Path, draft: dict) -> Eagle3Drafter:
+    """A fresh drafter reading the target's HF hidden states `layers`."""
     vocab = load_file(str(vocab_file))
-    cfg = Eagle3Config.from_target(
-        target_config, int(vocab["d2t"].numel()), meta.aux_hf_indices, **draft
-    )
+    cfg = Eagle3Config.from_target(target_config, int(vocab["d2t"].numel()), layers, **draft)
     drafter = Eagle3Drafter(cfg)
     drafter.set_vocab(vocab["d2t"], vocab["t2d"])
     return drafter
@@ -147,21 +149,20 @@ def _train(
 ) -> None:
     prepare(p, "train", rank, device)
     meta = hidden.read_meta(hidden_dir)
-    target_config, drafter = _servable_drafter(p, target, meta, vocab_file)
+    layers = family_layers(meta, "eagle3", hidden_dir)
+    target_config, drafter = _servable_drafter(p, target, layers, vocab_file)
     embed, head = embedding_and_head(target.path)
-    online = meta.store == "none"
-    features = (
-        online_features(extract, target, meta, device, rank.rank, rank.world) if online else None
-    )
-    train_set, eval_set = verified_splits(hidden_dir, p.max_length, rank)
+    features = online_features(extract, target, meta, device, layers, rank.rank, rank.world)
+    online = features is not None
+    train_set, eval_set = verified_splits(hidden_dir, p.max_length, rank, layers)
     s = settings(p, len(train_set))
-    start_run("train", checkpoint_dir, run_identity(p, meta.fingerprint, vocab_file), rank)
+    identity = run_identity(p, features_identity(meta, layers), vocab_file)
+    start_run("train", checkpoint_dir, identity, rank)
     if rank.main:
         print(
             f"[train] {len(train_set)} train / {len(eval_set)} eval samples, "
             f"{s.total_steps} steps, draft {sum(x.numel() for x in drafter.parameters()):,} "
-            f"parameters on {device} x {rank.world}"
-            + (", features from the target on each batch (extract.store none)" if online else "")
+            f"parameters on {device} x {rank.world}" + (ONLINE if online else "")
         )
     objective = Objective(drafter, embed, head, s.ttt_steps, s.decay, s.eval_num_steps)
     resumed = (checkpoint_dir / "last.pt").exists()
@@ -179,7 +180,7 @@ def _train(
         )
     if rank.main:
         _export_best(drafter, checkpoint_dir, out_dir, target_config, p, meta)
-        features_from = f"online {meta.engine or 'hf'}" if online else STORED
+        features_from = features_origin(meta)
         compiled = compiles(s.compile, device) and history.compile_failed_at is None
         _write_reports(history, s, p, (rank.world, features_from, compiled), report, plots)
         complete_run(checkpoint_dir)
@@ -209,13 +210,13 @@ def live_log(
 
 
 def _servable_drafter(
-    p: TrainParams, target: TargetParams, meta: hidden.HiddenMeta, vocab_file: Path
+    p: TrainParams, target: TargetParams, layers: list[int], vocab_file: Path
 ) -> tuple[Any, Eagle3Drafter]:
     """The target's config and a fresh drafter shaped for it, refused before any training when
     the SGLang version it is for could not serve its rope scaling."""
     target_config = serving_target(target)
     with params_key("train.draft"):
-        drafter = build_drafter(target_config, meta, vocab_file, p.draft)
+        drafter = build_drafter(target_config, layers, vocab_file, p.draft)
     refuse_unservable_rope(drafter.cfg.rope_scaling, p.sglang_version, "train")
     return target_config, drafter
 
@@ -240,7 +241,8 @@ def _export_best(
             extra={"training": p.__dict__, "hidden_meta": meta.to_json()},
             sglang_version=p.sglang_version,
         )
-        check_export(out_dir, target_config, meta.aux_hf_indices, sglang_version=p.sglang_version)
+        trained_on = list(drafter.cfg.aux_layer_ids)
+        check_export(out_dir, target_config, trained_on, sglang_version=p.sglang_version)
 
 
 def _write_reports(
@@ -267,8 +269,7 @@ def _write_reports(
         world_size=world,
         compiled=compiled,
         **history.speed(),
-        features=features_from,
-        target_forward_share=None if features_from == STORED else round(history.target_share, 4),
+        **feature_source(history, features_from),
     )
     metrics.write(report)
     write_csv(history.steps, plots / "train_loss.csv")

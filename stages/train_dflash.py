@@ -15,28 +15,39 @@ torchrun it trains data-parallel (DDP).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from .artifacts import hidden
 from .cli import PathOpt, StageError, params_key, run, summary
 from .dflash.export import check_export, export_dflash
+from .dflash.layers import default_target_layer_ids
 from .dflash.model import DFlashConfig, DFlashDrafter
 from .dflash.objective import DFlashObjective
-from .drafter.export import PROJECT_KEY, read_exported_config
+from .drafter.export import CONFIG_FILE, PROJECT_KEY, read_exported_config
 from .drafter.training import History, TrainingSettings, compiles, train
 from .params.dflash import DFlashParams
+from .params.extract import ExtractParams
 from .params.schema import PARAMS_FILE
 from .params.target import TargetParams
 from .reports.train_dflash import TrainDFlashReport
 from .runtime import parallel
 from .runtime.device import resolve_device
-from .runtime.files import write_csv
+from .runtime.files import remove_path, write_csv, write_json
+from .runtime.outputs import empty_dir
 from .target_model.weights import embedding_and_head
 from .wiring.drafter_run import (
+    ONLINE,
     best_checkpoint,
     checkpoint_identity,
     complete_run,
+    family_layers,
+    feature_source,
+    features_identity,
+    features_origin,
     guarded_outputs,
     loop_settings,
     prepare,
@@ -45,6 +56,7 @@ from .wiring.drafter_run import (
     start_run,
     verified_splits,
 )
+from .wiring.online_features import online_features
 
 STAGE = "train_dflash"
 
@@ -60,46 +72,109 @@ def main(
     """Train the DFlash drafter (torchrun for several GPUs) and export the best checkpoint."""
     p = DFlashParams.read(params)
     target = TargetParams.read(params)
+    extract = ExtractParams.read(params)  # online: its engine
     rank, device = parallel.start(resolve_device(p.device))
     with guarded_outputs(STAGE, rank, checkpoint_dir, out_dir, report, plots / f"{STAGE}_loss.csv"):
         started = time.monotonic()
         prepare(p, "dflash", rank, device)
         meta = hidden.read_meta(hidden_dir)
-        target_config, objective = _objective(p, target, meta, rank)
-        train_set, eval_set = verified_splits(hidden_dir, p.max_length, rank)
-        s = loop_settings(p, len(train_set), TrainingSettings)
-        start_run(STAGE, checkpoint_dir, checkpoint_identity(p, meta.fingerprint), rank)
-        if rank.main:
-            print(
-                f"[{STAGE}] {len(train_set)} train / {len(eval_set)} eval samples, "
-                f"{s.total_steps} steps, blocks of {p.block_size}, target layers "
-                f"{list(objective.drafter.cfg.target_layer_ids)}, draft "
-                f"{sum(x.numel() for x in objective.drafter.parameters()):,} parameters on "
-                f"{device} x {rank.world}"
-            )
-        history = train(objective, train_set, eval_set, s, checkpoint_dir, device, rank)
-        if rank.main:
-            _export_best(objective.drafter, checkpoint_dir, out_dir, target_config, p, meta)
-            compiled = compiles(s.compile, device) and history.compile_failed_at is None
-            seconds = time.monotonic() - started
-            _write_reports(
-                history, s, objective.drafter.cfg, (rank.world, compiled, seconds), report, plots
-            )
-            complete_run(checkpoint_dir)
+        if meta.layers_for("dflash") is None:
+            if rank.main:
+                _not_trained(hidden_dir, checkpoint_dir, out_dir, report, plots)
+        else:
+            run = _train(p, target, extract, meta, rank, device, hidden_dir, checkpoint_dir)
+            if rank.main:
+                _export_best(run.objective.drafter, checkpoint_dir, out_dir, run.target_config, p)
+                seconds = time.monotonic() - started
+                _write_reports(run, (rank.world, seconds), report, plots)
+                complete_run(checkpoint_dir)
     parallel.stop()
 
 
-def _objective(
-    p: DFlashParams, target: TargetParams, meta: hidden.HiddenMeta, rank: parallel.Rank
-) -> tuple[Any, DFlashObjective]:
-    """The target's config and a fresh drafter on the captured layers with the target's frozen
-    embedding and LM head, refused before any training when the features hold no hidden states
-    or the SGLang release it is for could not serve its rope scaling."""
-    if meta.store == "none":
-        raise StageError(
-            "extract.store: none stores token ids only; DFlash trains on stored features "
-            "(set extract.store to all or supervised)"
+@dataclass(frozen=True)
+class Run:
+    """A finished training run: what its export and reports are written from."""
+
+    objective: DFlashObjective
+    target_config: Any
+    settings: TrainingSettings
+    history: History
+    features_from: str  # STORED, or "online <engine>"
+    compiled: bool
+
+
+def _train(
+    p: DFlashParams,
+    target: TargetParams,
+    extract: ExtractParams,
+    meta: hidden.HiddenMeta,
+    rank: parallel.Rank,
+    device: torch.device,
+    hidden_dir: Path,
+    checkpoint_dir: Path,
+) -> Run:
+    """The drafter on the features of its own layers (stored, or the target's on each batch
+    when extract stored none), resumed from checkpoint_dir when it belongs to this run."""
+    layers = _layers(p, meta, hidden_dir)
+    target_config, objective = _objective(p, target, layers, rank)
+    features = online_features(extract, target, meta, device, layers, rank.rank, rank.world)
+    online = features is not None
+    train_set, eval_set = verified_splits(hidden_dir, p.max_length, rank, layers)
+    s = loop_settings(p, len(train_set), TrainingSettings)
+    start_run(STAGE, checkpoint_dir, checkpoint_identity(p, features_identity(meta, layers)), rank)
+    if rank.main:
+        print(
+            f"[{STAGE}] {len(train_set)} train / {len(eval_set)} eval samples, "
+            f"{s.total_steps} steps, blocks of {p.block_size}, target layers "
+            f"{list(objective.drafter.cfg.target_layer_ids)}, draft "
+            f"{sum(x.numel() for x in objective.drafter.parameters()):,} parameters on "
+            f"{device} x {rank.world}" + (ONLINE if online else "")
         )
+    history = train(
+        objective, train_set, eval_set, s, checkpoint_dir, device, rank, features=features
+    )
+    features_from = features_origin(meta)
+    compiled = compiles(s.compile, device) and history.compile_failed_at is None
+    return Run(objective, target_config, s, history, features_from, compiled)
+
+
+def _layers(p: DFlashParams, meta: hidden.HiddenMeta, hidden_dir: Path) -> list[int]:
+    """The HF indices DFlash reads of the features, refused when they are not the ones the
+    `dflash` section asks for (the section changed since extract ran)."""
+    captured = family_layers(meta, "dflash", hidden_dir)
+    with params_key("dflash.target_layer_ids"):
+        ids = p.target_layer_ids or default_target_layer_ids(meta.num_hidden_layers, p.num_layers)
+    if captured != [i + 1 for i in ids]:
+        raise StageError(
+            f"{hidden_dir / hidden.META}: DFlash's features are HF hidden states {captured}, the "
+            f"dflash section reads target layers {ids} (HF {[i + 1 for i in ids]}); rerun extract"
+        )
+    return captured
+
+
+def _not_trained(
+    hidden_dir: Path, checkpoint_dir: Path, out_dir: Path, report: Path, plots: Path
+) -> None:
+    """extract.drafters leaves DFlash out: no drafter (an empty models/dflash, which the
+    benchmark and report stages read as not trained), the reason in the report, empty curves.
+    The checkpoints stay: adding DFlash back resumes them when nothing else changed."""
+    reason = f"extract.drafters leaves out dflash ({hidden_dir / hidden.META})"
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    remove_path(out_dir / CONFIG_FILE)  # first: an export cut short here reads as none
+    empty_dir(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json({"trained": False, "reason": reason}, report)
+    for name, columns in CURVES.items():
+        write_csv([], plots / f"{STAGE}_{name}.csv", columns)
+    print(f"[{STAGE}] not trained: {reason}")
+
+
+def _objective(
+    p: DFlashParams, target: TargetParams, layers: list[int], rank: parallel.Rank
+) -> tuple[Any, DFlashObjective]:
+    """The target's config and a fresh drafter on the target's HF hidden states `layers` with
+    the target's frozen embedding and LM head, refused before any training when the SGLang
+    release it is for could not serve its rope scaling."""
     if p.mask_token_id is None:
         raise StageError(
             "dflash.mask_token_id: null; name a token id of the target's vocabulary that "
@@ -112,7 +187,7 @@ def _objective(
             num_hidden_layers=p.num_layers,
             block_size=p.block_size,
             mask_token_id=p.mask_token_id,
-            aux_hf_indices=meta.aux_hf_indices,
+            aux_hf_indices=layers,
             **p.draft,
         )
     refuse_unservable_rope(cfg.rope_scaling, p.sglang_version, "dflash")
@@ -124,42 +199,35 @@ def _objective(
 
 
 def _export_best(
-    drafter: DFlashDrafter,
-    checkpoint_dir: Path,
-    out_dir: Path,
-    target_config: Any,
-    p: DFlashParams,
-    meta: hidden.HiddenMeta,
+    drafter: DFlashDrafter, checkpoint_dir: Path, out_dir: Path, target_config: Any, p: DFlashParams
 ) -> None:
     """Export the best checkpoint, checked as SGLang loads it, and its layers checked to be the
-    ones extract captured (the features it was trained on)."""
+    ones it was trained on."""
     drafter.load_state_dict(best_checkpoint(checkpoint_dir)["model"])
     with params_key("dflash.sglang_version"):
         export_dflash(drafter.cpu(), out_dir, target_config, sglang_version=p.sglang_version)
         check_export(out_dir, target_config, sglang_version=p.sglang_version)
     served = read_exported_config(out_dir)[PROJECT_KEY]["target_hf_indices"]
-    if served != list(meta.aux_hf_indices):
+    trained_on = list(drafter.cfg.hf_indices)
+    if served != trained_on:
         raise StageError(
             f"{out_dir}: SGLang would capture HF hidden states {served}, the drafter was "
-            f"trained on {list(meta.aux_hf_indices)} (data/hidden/meta.json); rerun extract"
+            f"trained on {trained_on}; rerun train_dflash"
         )
 
 
-def _write_reports(
-    history: History,
-    s: TrainingSettings,
-    cfg: DFlashConfig,
-    run: tuple[int, bool, float],
-    report: Path,
-    plots: Path,
-) -> None:
+# the `dvc plots` CSVs: their columns
+CURVES = {"loss": ["step", "loss"], "evals": ["step", "tau"], "accuracy": ["position", "accuracy"]}
+
+
+def _write_reports(run: Run, facts: tuple[int, float], report: Path, plots: Path) -> None:
     """reports/train_dflash.json and the `dvc plots` CSVs; the best evaluation's figures are
-    those of the exported checkpoint. `run`: the world size, whether the steps ran compiled,
-    and the seconds the run took."""
-    world, compiled, seconds = run
+    those of the exported checkpoint. `facts`: the world size and the seconds the run took."""
+    world, seconds = facts
+    history, cfg = run.history, run.objective.drafter.cfg
     best = history.best(DFlashObjective.ACCEPTANCE)
     metrics = TrainDFlashReport(
-        steps=s.total_steps,
+        steps=run.settings.total_steps,
         final_loss=history.steps[-1]["loss"],
         best_step=best["step"] if best else None,
         best_tau=best["tau"] if best else None,
@@ -167,16 +235,17 @@ def _write_reports(
         block_size=cfg.block_size,
         target_layer_ids=list(cfg.target_layer_ids),
         world_size=world,
-        compiled=compiled,
+        compiled=run.compiled,
         **history.speed(),
+        **feature_source(history, run.features_from),
         seconds=round(seconds, 1),
     )
     metrics.write(report)
     write_csv(history.steps, plots / f"{STAGE}_loss.csv")
     evals = [{"step": e["step"], "tau": e["tau"]} for e in history.evals]
-    write_csv(evals, plots / f"{STAGE}_evals.csv", ["step", "tau"])
+    write_csv(evals, plots / f"{STAGE}_evals.csv", CURVES["evals"])
     accuracy = [{"position": k + 1, "accuracy": a} for k, a in enumerate(metrics.best_accuracy)]
-    write_csv(accuracy, plots / f"{STAGE}_accuracy.csv", ["position", "accuracy"])
+    write_csv(accuracy, plots / f"{STAGE}_accuracy.csv", CURVES["accuracy"])
     print(summary(STAGE, metrics.to_json()))
 
 

@@ -17,14 +17,16 @@ from stages.reports.benchmark import (
     InProcessBenchmark,
     InProcessFigures,
     InProcessTemperature,
+    NotTrained,
 )
-from stages.reports.extract import ExtractReport
+from stages.reports.extract import DrafterLayers, ExtractReport
 from stages.reports.generate import GenerateReport
 from stages.reports.merge import MergeCounts, MergeReport, SplitsByDataset, SplitTotals
-from stages.reports.train import STORED, TrainReport
+from stages.reports.train import TrainReport
 from stages.reports.vocab import VocabReport
 from stages.target_model.tokenizer import load_tokenizer, render_prompt
 from stages.target_model.tokens import analyze_output, learn_roles
+from stages.wiring.drafter_run import STORED
 from tests.conftest import DEMO_TARGET, ROOT
 from tests.rawdata import raw_row, write_raw
 
@@ -101,6 +103,10 @@ EXTRACT = ExtractReport(
     tokens_per_s=4000.0,
     warmup_s=0.2,
     time={"loop_s": 0.5, "forward_s": 0.4},
+    drafters={
+        "eagle3": DrafterLayers([2, 4, 5], [2, 4], 512, 28672),
+        "dflash": DrafterLayers([5], [], 0, 0),
+    },
 )
 EXTRACT_RESUMED = replace(EXTRACT, extracted_tokens=0, tokens_per_s=0.0)  # every shard on disk
 TRAIN = TrainReport(
@@ -168,6 +174,12 @@ DFLASH = benchmark_report(
     {0.0: {"chat": 1.8, "tools": 2.3, "all": 2.05}, 0.7: {"chat": 1.5, "tools": 1.9, "all": 1.7}},
     DFlashInProcessBenchmark,
 )
+# benchmark_dflash's report when extract.drafters leaves out dflash (stages/benchmark_dflash.py)
+DFLASH_NOT_TRAINED = NotTrained(
+    drafter="DFlash",
+    trained=False,
+    reason="extract.drafters leaves out dflash, so train_dflash left models/dflash empty",
+)
 
 
 def _reply(tok, reasoning: str | None, answer: str, call: str | None, stop: bool) -> list[int]:
@@ -219,8 +231,9 @@ def _rows(tok, dataset: str, tools: bool) -> list[dict]:
     return rows
 
 
-def write_run(root: Path) -> dict[str, Path]:
-    """Write the artifacts under `root` (and a params.yaml there); the report stage's options."""
+def write_run(root: Path, dflash: InProcessBenchmark | NotTrained = DFLASH) -> dict[str, Path]:
+    """Write the artifacts under `root` (and a params.yaml there); the report stage's options.
+    `dflash`: the DFlash benchmark's report (DFLASH_NOT_TRAINED: no DFlash drafter trained)."""
     tok = load_tokenizer(DEMO_TARGET)
     paths = {
         "raw-dir": root / "data" / "raw",
@@ -249,7 +262,7 @@ def write_run(root: Path) -> dict[str, Path]:
     EXTRACT_RESUMED.write(paths["extract-report"])
     TRAIN.write(paths["train-report"])
     BENCHMARK.write(paths["benchmark-report"])
-    DFLASH.write(paths["dflash-report"])
+    dflash.write(paths["dflash-report"])
     plots = paths["plots"]
     plots.mkdir(parents=True, exist_ok=True)
     (plots / "train_loss.csv").write_text(

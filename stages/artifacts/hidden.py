@@ -287,7 +287,15 @@ class HiddenStates:
     """Samples of one split; each is a dict of aux [T, 3H], last [T, H], input_ids, loss_mask
     (input_ids and loss_mask alone when the store is `none`)."""
 
-    def __init__(self, directory: Path | str, split: str, max_length: int | None = None):
+    def __init__(
+        self,
+        directory: Path | str,
+        split: str,
+        max_length: int | None = None,
+        layers: list[int] | None = None,
+    ):
+        """`layers`: the HF indices whose features `aux` gives, in this order, chosen from those
+        stored (meta.json's aux_hf_indices); None: every stored layer."""
         self.directory = Path(directory)
         index_path = self.directory / INDEX
         if not index_path.exists():
@@ -296,7 +304,10 @@ class HiddenStates:
         index = pq.read_table(index_path).to_pylist()
         self.rows = [r for r in index if r["split"] == split]
         self.max_length = max_length
-        self.store = read_store(self.directory)
+        meta = read_meta(self.directory)
+        self.store = meta.store
+        self.stored_layers = len(meta.aux_hf_indices)
+        self.columns = _layer_columns(meta, layers, self.directory)
         self._files: dict[int, object] = {}
 
     def __len__(self) -> int:
@@ -326,12 +337,37 @@ class HiddenStates:
         sample = {f: shard.get_slice(f)[rows] for f in ("input_ids", "loss_mask")}
         if self.store == "none":
             return sample
-        sample["aux"] = shard.get_slice("aux")[rows]
+        sample["aux"] = _select_layers(
+            shard.get_slice("aux")[rows], self.columns, self.stored_layers
+        )
         if self.store == "supervised":
             sample["last"] = _spread_labels(shard, r["last_offset"], sample["loss_mask"])
         else:
             sample["last"] = shard.get_slice("last")[rows]
         return sample
+
+
+def _layer_columns(meta: HiddenMeta, layers: list[int] | None, directory: Path) -> list[int] | None:
+    """Where each of `layers` lies among the stored ones; None when they are all of them, in
+    order (aux is read as stored)."""
+    stored = list(meta.aux_hf_indices)
+    if layers is None or list(layers) == stored:
+        return None
+    missing = [i for i in layers if i not in stored]
+    if missing:
+        raise ValueError(
+            f"{directory / META}: HF hidden states {missing} were not captured (stored: "
+            f"{stored}); add the drafter to extract.drafters and rerun extract"
+        )
+    return [stored.index(i) for i in layers]
+
+
+def _select_layers(aux: torch.Tensor, columns: list[int] | None, stored: int) -> torch.Tensor:
+    """aux [T, stored * H] cut to the chosen layers, in their order: [T, len(columns) * H]."""
+    if columns is None:
+        return aux
+    rows = aux.shape[0]
+    return aux.view(rows, stored, -1)[:, columns].reshape(rows, -1)
 
 
 def _spread_labels(shard, last_offset: int, loss_mask: torch.Tensor) -> torch.Tensor:
@@ -368,6 +404,16 @@ class HiddenMeta:
     # the facts that shape the shards, which the fingerprint hashes: a rerun compares these
     # values, whatever formula hashed them (null: written before they were recorded)
     extracted_by: dict | None = None
+    # the HF indices each drafter family reads, all among aux_hf_indices (null: written before
+    # the families were recorded, when EAGLE-3 read every captured layer)
+    drafter_layers: dict[str, list[int]] | None = None
+
+    def layers_for(self, family: str) -> list[int] | None:
+        """The HF indices `family` (eagle3, dflash) reads of the stored features, in its order;
+        None when the features were not captured for it."""
+        if self.drafter_layers is None:
+            return list(self.aux_hf_indices) if family == "eagle3" else None
+        return self.drafter_layers.get(family)
 
     def to_json(self) -> dict:
         written = asdict(self)
@@ -389,11 +435,6 @@ def read_meta(hidden_dir: Path) -> HiddenMeta:
         raise ValueError(
             f"{meta_path}: not the extract stage's metadata ({err}); run it again"
         ) from None
-
-
-def read_store(hidden_dir: Path) -> str:
-    """What the extraction stored (meta.json's `store`; absent: `all`, as before it existed)."""
-    return read_meta(hidden_dir).store
 
 
 def collate(

@@ -43,7 +43,8 @@ from ..drafter.export import (
 from ..drafter.layers import parse_version
 from ..drafter.model import rope_fields, rope_serving_problem, target_facts
 from ..drafter.serving_dtype import declared_dtype, sglang_dtype_problem
-from .model import DFlashConfig, DFlashDrafter, default_target_layer_ids
+from .layers import default_target_layer_ids
+from .model import DFlashConfig, DFlashDrafter
 
 ARCHITECTURE = "DFlashDraftModel"
 MODEL_TYPE = "qwen3"

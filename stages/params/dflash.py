@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..runtime.errors import ParamsError
 from .drafting import DrafterKeys
 from .schema import Section, param
 
@@ -25,6 +26,13 @@ class DFlashParams(Section, DrafterKeys):
     num_layers: int = param(
         1, "Draft decoder layers: more draft better and cost more per step.", ge=1
     )
+    target_layer_ids: list[int] | None = param(
+        None,
+        "SGLang's ids of the target layers the draft reads (id k: layer k's output, HF "
+        "hidden_states[k + 1]), ascending; null: what SGLang picks for num_layers draft "
+        "layers (the middle layer for one, else spread over 1 .. N - 3). The extract stage "
+        "captures them beside EAGLE-3's.",
+    )
     num_anchors: int = param(
         512, "Blocks drawn per training sample (random supervised anchors, distinct).", ge=1
     )
@@ -41,3 +49,12 @@ class DFlashParams(Section, DrafterKeys):
         "refuses those).",
         ge=0,
     )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        ids = self.target_layer_ids
+        if ids is not None and (not ids or ids[0] < 0 or sorted(set(ids)) != ids):
+            raise ParamsError(
+                f"dflash.target_layer_ids: {ids} must be distinct target layer ids from 0 in "
+                "ascending order, e.g. [1, 15, 29] (or null for SGLang's choice)"
+            )

@@ -83,8 +83,15 @@ class ExtractParams(Section):
         "hf: a whole target per process (data parallel under torchrun); sglang: SGLang's model "
         "runner in-process, tensor parallel over torchrun's ranks.",
     )
+    drafters: list[Literal["eagle3", "dflash"]] = param(
+        help="The drafter families this run trains: the features hold the union of the layers "
+        "they read (EAGLE-3: extract.layers; DFlash: dflash.target_layer_ids), captured once. "
+        "eagle3 is always among them; dflash left out is not trained (its stages write reports "
+        "saying so).",
+        factory=lambda: ["eagle3"],
+    )
     layers: list[int] | None = param(
-        None, "HF hidden_states indices of the aux layers (null: [2, N//2, N-3])."
+        None, "HF hidden_states indices EAGLE-3 reads (null: [2, N//2, N-3])."
     )
     shard_tokens: int = param(65536, "Tokens per safetensors shard (the unit of resume).", ge=1)
     batch_tokens: int = param(
@@ -114,6 +121,11 @@ class ExtractParams(Section):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if "eagle3" not in self.drafters or len(set(self.drafters)) != len(self.drafters):
+            raise ParamsError(
+                f"extract.drafters: {self.drafters} must name each family once, eagle3 among "
+                "them (the report, card and launch line are its): [eagle3] or [eagle3, dflash]"
+            )
         if self.layers is not None and (not self.layers or sorted(set(self.layers)) != self.layers):
             raise ParamsError(
                 f"extract.layers: {self.layers} must be distinct HF hidden-state indices in "

@@ -1,6 +1,6 @@
 """The drafter's model card: a Hugging Face README.md (YAML front matter, then Markdown) with the
 data it learned from, the layer ids each engine reads, its measured acceptance beside the DFlash
-drafter's trained on the same data, and the commands that serve each."""
+drafter's trained on the same data (or why none was trained), and the commands that serve each."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from ..reports.benchmark import BenchmarkReport
+from ..reports.benchmark import BenchmarkReport, NotTrained
 from ..reports.merge import MergeCounts
 
 
@@ -56,7 +56,7 @@ class CardFacts:
     layer_ids: Mapping[str, list | None]  # hf (trained indices), sglang, vllm
     sglang_version: str | None  # the version the ids were written for (None: every one)
     eagle3: FamilyTau  # this drafter's benchmark and launch line
-    dflash: FamilyTau  # the DFlash drafter's, trained on the same data
+    dflash: FamilyTau | NotTrained  # the DFlash drafter's, trained on the same data, or why not
     training: Mapping[str, object] = field(default_factory=dict)  # steps, replayed tau, ...
 
 
@@ -102,11 +102,11 @@ def serving_commands(
     num_steps: int,
     sglang_command: str,
     vllm_layer_ids: Sequence[int] | None,
-    dflash_command: str,
+    dflash_command: str | None,
 ) -> list[ServingCommand]:
     """SGLang, vLLM from the export as it is, vLLM in the speculators format, and SGLang with the
-    DFlash drafter instead."""
-    return [
+    DFlash drafter instead (`dflash_command` None: no DFlash drafter was trained to serve)."""
+    eagle3 = [
         ServingCommand("SGLang", "", [sglang_command]),
         ServingCommand(
             "vLLM, from the export as it is",
@@ -123,14 +123,17 @@ def serving_commands(
                 vllm_command(target, speculators_dir(drafter_dir), num_steps),
             ],
         ),
-        ServingCommand(
-            "SGLang, the DFlash drafter instead",
-            "DFLASH reads `--speculative-num-draft-tokens` as its block size; its draft runs on"
-            " flashinfer, fa3, fa4 or triton attention, and falls back to flashinfer, with a"
-            " warning, from any other backend",
-            [dflash_command],
-        ),
     ]
+    if dflash_command is None:
+        return eagle3
+    dflash = ServingCommand(
+        "SGLang, the DFlash drafter instead",
+        "DFLASH reads `--speculative-num-draft-tokens` as its block size; its draft runs on"
+        " flashinfer, fa3, fa4 or triton attention, and falls back to flashinfer, with a"
+        " warning, from any other backend",
+        [dflash_command],
+    )
+    return [*eagle3, dflash]
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
@@ -227,8 +230,9 @@ def _layers_section(f: CardFacts) -> list[str]:
 
 
 def _acceptance_section(f: CardFacts) -> list[str]:
-    """tau per dataset (and all of them) of each family, side by side at each temperature."""
-    families = (f.eagle3, f.dflash)
+    """tau per dataset (and all of them) of each trained family, side by side at each
+    temperature; a family not trained is said so beneath, with why."""
+    families = [fam for fam in (f.eagle3, f.dflash) if isinstance(fam, FamilyTau)]
     temps = list(dict.fromkeys(t for fam in families for t in fam.tau))
     datasets = sorted({d for fam in families for t in fam.tau for d in fam.tau[t]} - {"all"})
     columns = [(t, fam) for t in temps for fam in families]
@@ -240,6 +244,7 @@ def _acceptance_section(f: CardFacts) -> list[str]:
         "## Acceptance length (tau)",
         "",
         *table,
+        *(["", f"{f.dflash.line}."] if isinstance(f.dflash, NotTrained) else []),
         "",
         "tau: tokens the target emits per verify step with the drafter (plain decoding: 1.0), on"
         " the same held-out prompts of each dataset; n/step: the tokens the target verifies per"
@@ -256,14 +261,15 @@ def _training_section(f: CardFacts) -> list[str]:
 
 
 def _serving_section(f: CardFacts) -> list[str]:
-    """The commands that serve the drafter: SGLang, vLLM as exported, vLLM via speculators."""
+    """The commands that serve the drafter: SGLang, vLLM as exported, vLLM via speculators;
+    then SGLang with the DFlash drafter, when one was trained."""
     commands = serving_commands(
         f.target,
         f.drafter_dir,
         f.num_steps,
         f.eagle3.sglang_command,
         f.layer_ids.get("vllm"),
-        f.dflash.sglang_command,
+        None if isinstance(f.dflash, NotTrained) else f.dflash.sglang_command,
     )
     lines = ["## Serving", ""]
     for c in commands:

@@ -6,7 +6,8 @@ finish reasons and truncation, reasoning presence, tool-call integrity, budget u
 sample records (reasoning, answer, tool calls and stop token apart, special tokens marked),
 training (loss, replayed tau per evaluation, per-position acceptance), the benchmark (EAGLE-3's
 and DFlash's tau side by side per dataset and temperature against plain decoding, each one's
-per-position acceptance, at the width each verifies) and serving (layer ids, launch commands).
+per-position acceptance, at the width each verifies; a DFlash drafter not trained is said so, with
+why, in their place) and serving (layer ids, launch commands).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
-from ..reports.benchmark import BenchmarkReport
+from ..reports.benchmark import BenchmarkReport, Drafter, NotTrained
 from ..reports.metrics import MetricsNotes, RunMetrics
 from ..reports.train import TrainReport
 from . import svg
@@ -73,7 +74,7 @@ class ReportData:
     train_evals: list[dict]  # step, replayed_tau, simulated_tau
     train_acceptance: list[dict]  # position, accuracy, conditional, unconditional
     benchmark: BenchmarkReport  # EAGLE-3's
-    dflash: BenchmarkReport  # DFlash's, on the same prompts and temperatures
+    dflash: BenchmarkReport | NotTrained  # DFlash's, on the same prompts and temperatures
     serving: Serving
     max_chars: int = 4000  # per sample part
 
@@ -425,9 +426,14 @@ def _training(d: ReportData) -> str:
 
 
 def _benchmark(d: ReportData) -> str:
-    reports = {r.drafter: r for r in (d.benchmark, d.dflash)}
+    """Each family's tau beside the other's per dataset and temperature, its per-position
+    acceptance and its figures; a DFlash drafter not trained is said so, with why, and drawn
+    nowhere."""
+    said = f"<p>{escape(d.dflash.line)}</p>" if isinstance(d.dflash, NotTrained) else ""
+    trained = [d.benchmark] if isinstance(d.dflash, NotTrained) else [d.benchmark, d.dflash]
+    reports = {r.drafter: r for r in trained}
     if not any(r.temperatures for r in reports.values()):
-        return '<p class="muted">(no benchmark)</p>'
+        return said + '<p class="muted">(no benchmark)</p>'
     datasets = sorted(
         {n for r in reports.values() for t in r.temperatures.values() for n in t.datasets}
     )
@@ -441,7 +447,7 @@ def _benchmark(d: ReportData) -> str:
         svg.bars(
             [*datasets, "all"],
             tau,
-            title="tau per dataset, EAGLE-3 and DFlash, against plain decoding",
+            title=f"tau per dataset, {' and '.join(reports)}, against plain decoding",
             x_label="dataset",
             y_label="tokens per verify step",
             reference=(1.0, "baseline 1.0"),
@@ -449,7 +455,23 @@ def _benchmark(d: ReportData) -> str:
         )
     ]
     charts += [_per_position(name, r, kind) for name, r in reports.items() for kind in KINDS]
-    rows = [
+    widths = "; ".join(
+        f"{name}: {r.tokens_verified_per_step} tokens verified per step ({r.mode} of "
+        f"{r.num_steps} drafts), engine {r.engine}"
+        for name, r in reports.items()
+    )
+    return (
+        said
+        + f'<p class="muted">{escape(widths)}. tau counts the tokens emitted per target verify '
+        "step (plain decoding: 1.0); compare the two at equal width.</p>"
+        + _charts(charts)
+        + table(_benchmark_rows(reports))
+    )
+
+
+def _benchmark_rows(reports: Mapping[Drafter, BenchmarkReport]) -> list[dict]:
+    """One row per family, temperature and dataset (and "all" of them)."""
+    return [
         {
             "drafter": name,
             "tokens verified per step": r.tokens_verified_per_step,
@@ -466,17 +488,6 @@ def _benchmark(d: ReportData) -> str:
         for t, v in r.temperatures.items()
         for n, a in [*v.datasets.items(), ("all", v)]
     ]
-    widths = "; ".join(
-        f"{name}: {r.tokens_verified_per_step} tokens verified per step ({r.mode} of "
-        f"{r.num_steps} drafts), engine {r.engine}"
-        for name, r in reports.items()
-    )
-    return (
-        f'<p class="muted">{escape(widths)}. tau counts the tokens emitted per target verify '
-        "step (plain decoding: 1.0); compare the two at equal width.</p>"
-        + _charts(charts)
-        + table(rows)
-    )
 
 
 def _per_position(name: str, r: BenchmarkReport, kind: str) -> str:

@@ -14,8 +14,8 @@ target-forward shares).
 Units: `_samples` and `_tokens` are counts, `_share` a fraction in [0, 1] (the worst dataset's
 where it says min or max), `_tokens_per_step` an acceptance length tau (tokens emitted per
 target verify step), `_tokens_per_s` a throughput. A figure a run cannot give (no dataset that
-expects tool calls, a stage that had nothing left to do) is null, its reason in the notes beside
-the file (reports/metrics_notes.json).
+expects tool calls, a stage that had nothing left to do, a DFlash drafter not trained) is null,
+its reason in the notes beside the file (reports/metrics_notes.json).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from ..reports.benchmark import GREEDY, BenchmarkReport, greedy_tau
+from ..reports.benchmark import GREEDY, BenchmarkReport, NotTrained, greedy_tau
 from ..reports.extract import ExtractReport
 from ..reports.generate import GenerateReport
 from ..reports.merge import MergeReport
@@ -103,6 +103,14 @@ def _tau_t0(report: BenchmarkReport, key: str, why: NullReasons) -> float | None
     return why.unless(key, greedy_tau(report.temperatures), f"not measured: {reason}")
 
 
+def _dflash_tau_t0(report: BenchmarkReport | NotTrained, why: NullReasons) -> float | None:
+    """DFlash's tau at T = 0; null with the reason when no DFlash drafter was trained."""
+    key = "dflash_tau_t0_tokens_per_step"
+    if isinstance(report, NotTrained):
+        return why.unless(key, None, f"not measured: {report.line}")
+    return _tau_t0(report, key, why)
+
+
 def run_metrics(
     *,
     generate: Mapping[str, GenerateReport],
@@ -113,12 +121,13 @@ def run_metrics(
     extract: ExtractReport,
     train: TrainReport,
     benchmark: BenchmarkReport,
-    dflash: BenchmarkReport,
+    dflash: BenchmarkReport | NotTrained,
 ) -> tuple[RunMetrics, MetricsNotes]:
     """The figures and why each null one is null. `generate`: each dataset's generate report;
     `answers`: the quality questions' rows (reasoning_presence, finish_reasons,
     tool_call_integrity); `expect`: per dataset (reasoning expected, tool calls expected);
-    `benchmark`, `dflash`: the EAGLE-3 and DFlash benchmarks; the rest: those stages' reports."""
+    `benchmark`, `dflash`: the EAGLE-3 and DFlash benchmarks (DFlash's: NotTrained where no drafter
+    was trained); the rest: those stages' reports."""
     why = NullReasons()
     closed, truncated, calls = _reply_shares(answers, expect, why)
     metrics = RunMetrics(
@@ -138,7 +147,7 @@ def run_metrics(
         benchmark_tau_t0_tokens_per_step=_tau_t0(
             benchmark, "benchmark_tau_t0_tokens_per_step", why
         ),
-        dflash_tau_t0_tokens_per_step=_tau_t0(dflash, "dflash_tau_t0_tokens_per_step", why),
+        dflash_tau_t0_tokens_per_step=_dflash_tau_t0(dflash, why),
         extract_tokens_per_s=why.unless(
             "extract_tokens_per_s",
             extract.tokens_per_s if extract.extracted_tokens else None,

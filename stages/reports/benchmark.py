@@ -7,7 +7,9 @@ target served with the drafter and without). Both hold, per temperature, every p
 acceptance pooled and each set's own, and the tokens the target verifies per step (an EAGLE-3
 chain: num_steps + 1; DFlash: its block size), so two drafters are compared at equal width. The
 DFlash stage writes the same records under its own stage name (DFlashInProcessBenchmark,
-DFlashServedBenchmark), so a stale file names the stage to rerun.
+DFlashServedBenchmark), so a stale file names the stage to rerun. Where train_dflash trained
+no drafter (extract.drafters leaves out dflash), the DFlash stage writes NotTrained instead:
+`read_dflash_benchmark` reads either.
 """
 
 from __future__ import annotations
@@ -130,22 +132,50 @@ class DFlashServedBenchmark(ServedBenchmark):
     STAGE: ClassVar[str] = "benchmark_dflash"
 
 
+@dataclass(frozen=True)
+class NotTrained(Report):
+    """benchmark_dflash with no drafter to measure (train_dflash left models/dflash empty): the
+    report stage prints the reason where the figures would be, rather than failing the run."""
+
+    STAGE: ClassVar[str] = "benchmark_dflash"
+
+    drafter: Drafter
+    trained: Literal[False]
+    reason: str  # why there is no drafter, and what would train one
+
+    @property
+    def line(self) -> str:
+        """What the page and the model card say in place of the family's figures."""
+        return f"{self.drafter}: not trained ({self.reason})"
+
+
 BenchmarkReport = InProcessBenchmark | ServedBenchmark
 Records = tuple[type[InProcessBenchmark], type[ServedBenchmark]]  # a stage's (hf, sglang) records
 EAGLE3_RECORDS: Records = (InProcessBenchmark, ServedBenchmark)
 DFLASH_RECORDS: Records = (DFlashInProcessBenchmark, DFlashServedBenchmark)
 
 
+def _measured(data: object, records: Records) -> BenchmarkReport:
+    """`data` as the record of `records` its `engine` names, or Mismatch."""
+    in_process, served = records
+    engine = data.get("engine") if isinstance(data, dict) else IN_PROCESS
+    if engine not in (IN_PROCESS, SERVED):
+        raise Mismatch("engine", f"{json.dumps(engine)} is neither {IN_PROCESS!r} nor {SERVED!r}")
+    return (served if engine == SERVED else in_process).from_json(data)
+
+
 def read_benchmark(path: Path | str, records: Records = EAGLE3_RECORDS) -> BenchmarkReport:
     """The report at `path`, as the record of `records` its `engine` names."""
-    in_process, served = records
+    return checked(records[0], path, lambda data: _measured(data, records))
 
-    def parse(data: object) -> BenchmarkReport:
-        engine = data.get("engine") if isinstance(data, dict) else IN_PROCESS
-        if engine not in (IN_PROCESS, SERVED):
-            raise Mismatch(
-                "engine", f"{json.dumps(engine)} is neither {IN_PROCESS!r} nor {SERVED!r}"
-            )
-        return (served if engine == SERVED else in_process).from_json(data)
 
-    return checked(in_process, path, parse)
+def read_dflash_benchmark(path: Path | str) -> BenchmarkReport | NotTrained:
+    """benchmark_dflash's report: NotTrained where the file says `trained` (only NotTrained has
+    that key), else the figures, as read_benchmark reads them."""
+
+    def parse(data: object) -> BenchmarkReport | NotTrained:
+        if isinstance(data, dict) and "trained" in data:
+            return NotTrained.from_json(data)
+        return _measured(data, DFLASH_RECORDS)
+
+    return checked(NotTrained, path, parse)

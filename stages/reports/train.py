@@ -7,7 +7,6 @@ from typing import ClassVar
 
 from .record import Report
 
-STORED = "stored"  # `features` of a run that read extracted shards (else "online <engine>")
 
 
 @dataclass(frozen=True)
@@ -29,5 +28,5 @@ class TrainReport(Report):
     padding_share: float
     compiled: bool
     compile_failed_at_step: int | None  # None: no compilation failed
-    features: str  # STORED, or "online <engine>": the target ran on every batch
-    target_forward_share: float | None  # of the step time, the target's forward; None: STORED
+    features: str  # "stored" (extracted shards), or "online <engine>": the target ran on every batch
+    target_forward_share: float | None  # of the step time, the target's forward; None: stored

@@ -28,4 +28,6 @@ class TrainDFlashReport(Report):
     padding_share: float
     compiled: bool
     compile_failed_at_step: int | None  # None: no compilation failed
+    features: str  # "stored", or "online <engine>": the target ran on every batch
+    target_forward_share: float | None  # of the step time, the target's forward; None: stored
     seconds: float  # this run's training steps, evaluations and checkpoints, wall clock

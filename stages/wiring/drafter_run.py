@@ -22,7 +22,7 @@ from ..cli import StageError, params_key
 from ..drafter.checkpoints import EARLIER, start_or_resume
 from ..drafter.layers import parse_version
 from ..drafter.model import rope_serving_problem
-from ..drafter.training import TrainingSettings
+from ..drafter.training import History, TrainingSettings
 from ..params.drafting import DrafterKeys
 from ..params.target import TargetParams
 from ..runtime import parallel
@@ -72,13 +72,54 @@ def prepare(p: DrafterKeys, key: str, rank: parallel.Rank, device: torch.device)
     torch.manual_seed(p.seed)
 
 
+def family_layers(meta: hidden.HiddenMeta, family: str, hidden_dir: Path) -> list[int]:
+    """The HF indices `family` reads of the stored features, or an error naming the fix."""
+    layers = meta.layers_for(family)
+    if layers is None:
+        raise StageError(
+            f"{hidden_dir / hidden.META}: the features were not captured for {family}; add "
+            f"{family} to extract.drafters and rerun extract"
+        )
+    return layers
+
+
+def features_identity(meta: hidden.HiddenMeta, layers: list[int]) -> str:
+    """What a drafter's checkpoints were trained on: the features' fingerprint and, when the
+    drafter reads only some of the captured layers, which (a run that read them all keeps the
+    identity it had before families were recorded)."""
+    if list(layers) == list(meta.aux_hf_indices):
+        return meta.fingerprint
+    return f"{meta.fingerprint} layers {list(layers)}"
+
+
+ONLINE = ", features from the target on each batch (extract.store none)"  # the run's first line
+STORED = "stored"  # the reports' `features` of a run that read extracted shards
+
+
+def features_origin(meta: hidden.HiddenMeta) -> str:
+    """The reports' `features`: STORED, or "online <engine>" when extract stored none and the
+    target runs on each batch."""
+    return f"online {meta.engine or 'hf'}" if meta.store == "none" else STORED
+
+
+def feature_source(history: History, features_from: str) -> dict[str, Any]:
+    """Where a run's features came from (STORED, or "online <engine>") and, online, the share of
+    the step time the target's forward took: what both training reports keep of it."""
+    online = features_from != STORED
+    return {
+        "features": features_from,
+        "target_forward_share": round(history.target_share, 4) if online else None,
+    }
+
+
 def verified_splits(
-    hidden_dir: Path, max_length: int, rank: parallel.Rank
+    hidden_dir: Path, max_length: int, rank: parallel.Rank, layers: list[int]
 ) -> tuple[HiddenStates, HiddenStates]:
-    """The train and eval splits, every shard checked to be the file extract wrote (size and
-    sha256) before a step uses it; each rank reads its share once."""
-    train_set = HiddenStates(hidden_dir, "train", max_length)
-    eval_set = HiddenStates(hidden_dir, "eval", max_length)
+    """The train and eval splits, their aux holding `layers` (HF indices), every shard checked
+    to be the file extract wrote (size and sha256) before a step uses it; each rank reads its
+    share once."""
+    train_set = HiddenStates(hidden_dir, "train", max_length, layers)
+    eval_set = HiddenStates(hidden_dir, "eval", max_length, layers)
     if not len(train_set):
         raise StageError(f"{hidden_dir / hidden.INDEX}: no train samples; check extract.splits")
     shards = sorted({r["shard"] for r in train_set.rows + eval_set.rows})

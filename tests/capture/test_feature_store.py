@@ -114,7 +114,7 @@ def objective(hidden: Path, ttt_steps: int = 3) -> Objective:
     target_config = AutoConfig.from_pretrained(DEMO_TARGET, local_files_only=True)
     torch.manual_seed(0)
     vocab = hidden.parent / "vocab.safetensors"
-    drafter = train_stage.build_drafter(target_config, meta, vocab, {})
+    drafter = train_stage.build_drafter(target_config, meta.aux_hf_indices, vocab, {})
     embed, head = embedding_and_head(DEMO_TARGET)
     return Objective(drafter, embed, head, ttt_steps, 0.8).place(CPU)
 
@@ -200,7 +200,8 @@ def test_online_training_follows_the_offline_loss_curve(stores, tmp_path):
 @pytest.mark.slow
 def test_an_online_run_killed_mid_way_resumes_where_it_stopped(stores, tmp_path):
     hidden = stores["none"]
-    features = online_features(ExtractParams(**EXTRACT), TARGET, read_meta(hidden), CPU)
+    meta = read_meta(hidden)
+    features = online_features(ExtractParams(**EXTRACT), TARGET, meta, CPU, meta.aux_hf_indices)
     train_set, eval_set = HiddenStates(hidden, "train"), HiddenStates(hidden, "eval")
     quiet = {"log": lambda _: None, "features": features}
     s = dataclasses.replace(settings(6), batch_size=2, eval_max_samples=3)

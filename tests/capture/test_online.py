@@ -116,13 +116,13 @@ def test_an_online_run_over_the_sglang_engine_killed_mid_way_resumes_where_it_st
     hidden = tmp_path / "hidden"
     extract(write_merged(tmp_path / "merged"), hidden, params, target)
     meta, vocab = read_meta(hidden), write_vocab(tmp_path / "vocab.safetensors")
-    features = online_features(params, target, meta, torch.device("cpu"))
+    features = online_features(params, target, meta, torch.device("cpu"), meta.aux_hf_indices)
     train_set, eval_set = HiddenStates(hidden, "train"), HiddenStates(hidden, "eval")
 
     def objective() -> Objective:
         torch.manual_seed(0)
         target_config = AutoConfig.from_pretrained(target.path, local_files_only=True)
-        drafter = train_stage.build_drafter(target_config, meta, vocab, {})
+        drafter = train_stage.build_drafter(target_config, meta.aux_hf_indices, vocab, {})
         return Objective(drafter, *embedding_and_head(target.path), 3, 0.8)
 
     s, quiet = settings(6), {"log": lambda _: None, "features": features}

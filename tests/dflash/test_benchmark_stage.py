@@ -21,7 +21,13 @@ from stages.dflash.model import DFlashConfig, DFlashDrafter
 from stages.params.benchmark import BenchmarkParams, BenchmarkSGLangParams
 from stages.params.server import SGLangLaunchParams
 from stages.params.target import TargetParams
-from stages.reports.benchmark import DFLASH_RECORDS, DFlashInProcessBenchmark, read_benchmark
+from stages.reports.benchmark import (
+    DFLASH_RECORDS,
+    DFlashInProcessBenchmark,
+    NotTrained,
+    read_benchmark,
+    read_dflash_benchmark,
+)
 from stages.wiring.benchmark import launch_commands, served_benchmark
 from tests.conftest import DEMO_TARGET
 from tests.reliability import demo_params, export_demo_drafter
@@ -125,6 +131,52 @@ def test_a_damaged_dflash_export_is_refused_naming_the_key(tmp_path, inputs, mon
     assert code == 1
     assert f"{drafter} would load wrongly in SGLang's DFLASH worker" in err
     assert "missing keys ['fc.weight']" in err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_an_empty_drafter_dir_is_reported_as_not_trained(
+    tmp_path, reports, inputs, monkeypatch, capsys
+):
+    """extract.drafters leaves out dflash: train_dflash leaves models/dflash empty, and the stage
+    loads nothing, writes a report saying why and the plot's header alone, and succeeds."""
+    drafter = tmp_path / "models" / "dflash"
+    drafter.mkdir(parents=True)
+    args = stage_args(tmp_path, drafter, "benchmark_dflash")
+    code, out, _ = run_stage(benchmark_dflash.main, args, monkeypatch, capsys)
+    assert code == 0
+    reason = f"extract.drafters leaves out dflash, so train_dflash left {drafter} empty"
+    assert f"DFlash not trained: {reason}" in out
+    written = read_dflash_benchmark(tmp_path / "reports/benchmark_dflash.json")
+    assert written == NotTrained(drafter="DFlash", trained=False, reason=reason)
+    plot = (tmp_path / "reports/plots/benchmark_dflash_acceptance.csv").read_text()
+    measured = (inputs / "reports/plots/benchmark_dflash_acceptance.csv").read_text()
+    assert plot == measured.splitlines(keepends=True)[0]  # the measured plot's header, no row
+    assert plot == "temperature,dataset,position,conditional,unconditional\n"
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("config.json", "missing config.json"),  # weights without their config: no empty dir
+        ("dflash_config", "would load wrongly in SGLang's DFLASH worker"),
+    ],
+)
+def test_a_drafter_dir_without_a_sound_config_still_fails(
+    tmp_path, inputs, monkeypatch, capsys, damage, message
+):
+    """Only an empty directory means "not trained": a config missing or broken is a fault."""
+    drafter = tmp_path / "dflash"
+    shutil.copytree(inputs / "models" / "dflash", drafter)
+    config = drafter / "config.json"
+    if damage == "config.json":
+        config.unlink()
+    else:
+        config.write_text(json.dumps({**json.loads(config.read_text()), damage: None}))
+    args = stage_args(tmp_path, drafter, "benchmark_dflash")
+    args[3] = inputs / "merged"
+    code, _, err = run_stage(benchmark_dflash.main, args, monkeypatch, capsys)
+    assert code == 1
+    assert f"{drafter}" in err and message in err
     assert not (tmp_path / "reports").exists()
 
 

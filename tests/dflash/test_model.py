@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.dflash.model import DFlashConfig, default_target_layer_ids, layer_ids_from_hf_indices
+from stages.dflash.layers import default_target_layer_ids, layer_ids_from_hf_indices
+from stages.dflash.model import DFlashConfig
 from stages.dflash.objective import block_attention_mask, block_tokens, sample_anchors
 
 from .conftest import AUX, LAYERS, MASK_ID, make_drafter, random_batch, target_weights

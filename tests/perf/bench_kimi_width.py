@@ -251,12 +251,13 @@ def time_train_step(
             TargetParams.read(params),
             meta,
             device,
+            meta.aux_hf_indices,
         )
         if meta.store == "none"
         else lambda batch: batch
     )
     target_config = AutoConfig.from_pretrained(target, local_files_only=True)
-    drafter = train_stage.build_drafter(target_config, meta, vocab, p.draft)
+    drafter = train_stage.build_drafter(target_config, meta.aux_hf_indices, vocab, p.draft)
     embed, head = embedding_and_head(target)
     objective = Objective(drafter, embed, head, p.ttt_steps, p.decay).place(device)
     del embed, head
@@ -288,7 +289,7 @@ def export_untrained(work: Path, params: Path, vocab: Path, hidden: Path, target
     p = TrainParams.read(params)
     meta = read_meta(hidden)
     target_config = AutoConfig.from_pretrained(target, local_files_only=True)
-    drafter = train_stage.build_drafter(target_config, meta, vocab, p.draft)
+    drafter = train_stage.build_drafter(target_config, meta.aux_hf_indices, vocab, p.draft)
     export_drafter(
         drafter,
         drafter.cfg,

@@ -1,6 +1,8 @@
 """An edit of a `dflash` key reruns the DFlash stage and not EAGLE-3's train, and an edit of a
-`train` key the reverse: real `dvc status` on a temporary copy of the project whose two
-training stages are recorded as done (`dvc commit` over stand-in inputs and outputs)."""
+`train` key the reverse; a `dflash` key that moves the layers DFlash reads (or a change of the
+families trained) reruns extract too, which captures them: real `dvc status` on a temporary copy
+of the project whose extract and training stages are recorded as done (`dvc commit` over
+stand-in inputs and outputs)."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ from tests.project import copy_project, set_params, sh
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.integration]
 
-STAGES = ("train", "train_dflash")
-# what the two stages read and write, as stand-ins: `dvc commit` records their hashes
+STAGES = ("extract", "train", "train_dflash")
+# what the stages read and write, as stand-ins: `dvc commit` records their hashes
 FILES = (
+    "data/merged/train.parquet",
+    "reports/quality.json",
+    "reports/extract.json",
     "data/hidden/meta.json",
     "data/vocab/d2t_t2d.safetensors",
     "models/checkpoints/last.pt",
@@ -52,14 +57,21 @@ def changed(repo) -> dict[str, list]:
 
 @pytest.mark.parametrize(
     "section, key, value, reruns",
-    [("dflash", "block_size", 4, "train_dflash"), ("train", "lr", 0.01, "train")],
+    [
+        ("dflash", "block_size", 4, ["train_dflash"]),
+        ("train", "lr", 0.01, ["train"]),
+        ("dflash", "num_layers", 2, ["extract", "train_dflash"]),
+        ("dflash", "target_layer_ids", [1, 4], ["extract", "train_dflash"]),
+        ("extract", "drafters", ["eagle3"], ["extract"]),
+    ],
 )
-def test_an_edit_reruns_only_its_own_drafter(repo, section, key, value, reruns):
+def test_an_edit_reruns_only_the_stages_it_shapes(repo, section, key, value, reruns):
     assert changed(repo) == {}
     set_params(repo, lambda p: p[section].update({key: value}))
     try:
         status = changed(repo)
     finally:
         sh(["git", "checkout", "-q", "params.yaml"], repo)
-    assert list(status) == [reruns], status
-    assert f"{section}.{key}" in json.dumps(status[reruns]), status
+    assert sorted(status) == reruns, status
+    for stage in reruns:
+        assert f"{section}.{key}" in json.dumps(status[stage]), status

@@ -25,6 +25,7 @@ from tests.reportdata import (
     BENCHMARK,
     DATASETS,
     DFLASH,
+    DFLASH_NOT_TRAINED,
     ERROR,
     EXTRACT,
     MERGE,
@@ -379,6 +380,63 @@ def test_model_card(run):
         """--algorithm-kwargs '{"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}'"""
     )
     assert f"--output-path {run['drafter-dir']}-speculators" in convert
+
+
+@pytest.fixture(scope="module")
+def untrained_run(tmp_path_factory):
+    """The same run with no DFlash drafter trained: benchmark_dflash wrote NotTrained."""
+    root = tmp_path_factory.mktemp("untrained_run")
+    paths = write_run(root, dflash=DFLASH_NOT_TRAINED)
+    report.main(**{k.replace("-", "_"): v for k, v in paths.items()}, params=root / "params.yaml")
+    return paths
+
+
+NOT_TRAINED_LINE = f"DFlash: not trained ({DFLASH_NOT_TRAINED.reason})"
+
+
+def test_the_page_says_dflash_was_not_trained_and_draws_only_eagle3(untrained_run):
+    """The reason where DFlash's figures would be; EAGLE-3's charts and rows alone, and no
+    DFlash launch line among the commands."""
+    page = html.unescape(untrained_run["out"].read_text())
+    benchmark = page.split('id="benchmark"')[1].split('id="serving"')[0]
+    assert f"<p>{NOT_TRAINED_LINE}</p>" in benchmark
+    assert "tau per dataset, EAGLE-3 and DFlash" not in benchmark
+    assert "tau per dataset, EAGLE-3, against plain decoding" in benchmark
+    assert "EAGLE-3, T = 0.0" in benchmark and "DFlash, T = 0.0" not in benchmark
+    for kind in ("conditional", "unconditional"):
+        assert f'data-chart="benchmark-eagle-3-{kind}"' in benchmark
+        assert f'data-chart="benchmark-dflash-{kind}"' not in benchmark
+    assert not re.search(r"<td[^>]*>DFlash</td>", benchmark)
+    assert "--speculative-algorithm EAGLE3" in page
+    assert "DFLASH" not in page and "the DFlash drafter instead" not in page
+
+
+def test_the_card_says_dflash_was_not_trained_and_gives_no_dflash_launch(untrained_run):
+    text = untrained_run["card"].read_text()
+    acceptance = text.split("## Acceptance length (tau)")[1].split("## Training")[0]
+    assert f"{NOT_TRAINED_LINE}." in acceptance
+    assert "| dataset | EAGLE-3 (4/step), T = 0.0 | EAGLE-3 (4/step), T = 0.7 |" in acceptance
+    assert "| tools | 3.10 | 2.60 |" in acceptance
+    assert "DFlash (" not in acceptance
+    serving = text.split("## Serving")[1]
+    assert len(re.findall(r"```bash\n", serving)) == 3  # SGLang, vLLM, vLLM via speculators
+    assert "--speculative-algorithm EAGLE3" in serving
+    assert "DFLASH" not in text and "the DFlash drafter instead" not in serving
+
+
+def test_a_dflash_drafter_not_trained_leaves_its_tau_null_with_the_reason(untrained_run):
+    metrics = json.loads(untrained_run["metrics"].read_text())
+    why = json.loads(untrained_run["metrics-notes"].read_text())["why_null"]
+    assert metrics["dflash_tau_t0_tokens_per_step"] is None
+    assert metrics["benchmark_tau_t0_tokens_per_step"] == 2.7
+    assert why["dflash_tau_t0_tokens_per_step"] == f"not measured: {NOT_TRAINED_LINE}"
+    assert {k for k, v in metrics.items() if v is None} == set(why)
+    tile = re.search(
+        r"dflash_<wbr>tau_<wbr>t0_<wbr>tokens_<wbr>per_<wbr>step<br>[^<]*</div>"
+        r'<div class="why">([^<]*)</div>',
+        untrained_run["out"].read_text(),
+    )
+    assert tile and html.unescape(tile.group(1)) == why["dflash_tau_t0_tokens_per_step"]
 
 
 def test_speculators_command_parses_as_speculators_reads_it():

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from stages.reports.benchmark import (
-    DFLASH_RECORDS,
     DFlashInProcessBenchmark,
     InProcessBenchmark,
+    NotTrained,
     ServedBenchmark,
     ServedFigures,
     ServedTemperature,
     read_benchmark,
+    read_dflash_benchmark,
 )
 from stages.reports.check import CheckReport
 from stages.reports.metrics import MetricsNotes, RunMetrics
@@ -26,7 +27,16 @@ from stages.reports.prep import PrepReport
 from stages.reports.quality import DatasetQuality, QualityReport
 from stages.reports.record import Mismatch, Report, ReportError
 from tests.project import ROOT
-from tests.reportdata import BENCHMARK, DFLASH, EXTRACT, MERGE, TRAIN, VOCAB, generate_report
+from tests.reportdata import (
+    BENCHMARK,
+    DFLASH,
+    DFLASH_NOT_TRAINED,
+    EXTRACT,
+    MERGE,
+    TRAIN,
+    VOCAB,
+    generate_report,
+)
 
 sys.path.insert(0, str(ROOT / "tools"))
 import structure  # noqa: E402
@@ -97,6 +107,7 @@ RECORDS: dict[str, Report] = {
     "benchmark": BENCHMARK,
     "benchmark (sglang)": SERVED,
     "benchmark_dflash": DFLASH,
+    "benchmark_dflash (not trained)": DFLASH_NOT_TRAINED,
     "metrics": METRICS,
     "metrics notes": NOTES,
 }
@@ -156,6 +167,7 @@ KEYS = {
         "tokens_per_s",
         "warmup_s",
         "time",
+        "drafters",
     ],
     "train": [
         "steps",
@@ -213,14 +225,15 @@ KEYS = {
         "train_tokens_per_s",
     ],
     "metrics notes": ["why_null"],
+    "benchmark_dflash (not trained)": ["drafter", "trained", "reason"],
 }
 KEYS["benchmark_dflash"] = KEYS["benchmark"]  # the same record, written by the DFlash stage
 
 
 def read_back(record: Report, path: Path) -> Report:
     """As the report stage reads the file (the benchmarks' by their engine)."""
-    if isinstance(record, DFlashInProcessBenchmark):
-        return read_benchmark(path, DFLASH_RECORDS)
+    if isinstance(record, (DFlashInProcessBenchmark, NotTrained)):
+        return read_dflash_benchmark(path)
     if isinstance(record, (InProcessBenchmark, ServedBenchmark)):
         return read_benchmark(path)
     return type(record).read(path)
@@ -285,6 +298,19 @@ def test_a_nested_key_and_a_value_of_another_type_are_named_where_they_are(tmp_p
     path.write_text(json.dumps({**data, "engine": "vllm"}))
     with pytest.raises(ReportError, match=r'engine: "vllm" is neither .* nor \'sglang\''):
         read_benchmark(path)
+
+
+def test_the_dflash_report_reads_as_not_trained_only_where_it_says_so(tmp_path):
+    """read_dflash_benchmark: NotTrained for a file with `trained`, the figures for any other;
+    a `trained: true` is no report either stage writes."""
+    path, data = written(DFLASH_NOT_TRAINED, tmp_path)
+    assert data == {"drafter": "DFlash", "trained": False, "reason": DFLASH_NOT_TRAINED.reason}
+    assert read_dflash_benchmark(path) == DFLASH_NOT_TRAINED
+    path.write_text(json.dumps({**data, "trained": True}))
+    with pytest.raises(ReportError, match=r"trained: true where false belongs.*benchmark_dflash"):
+        read_dflash_benchmark(path)
+    path, _ = written(DFLASH, tmp_path)
+    assert isinstance(read_dflash_benchmark(path), DFlashInProcessBenchmark)
 
 
 def test_a_missing_report_names_the_stage_to_run(tmp_path):

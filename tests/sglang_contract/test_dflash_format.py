@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from stages.capture.releases import SUPPORTED_VERSIONS
 from stages.dflash.export import export_dflash
-from stages.dflash.model import default_target_layer_ids
+from stages.dflash.layers import default_target_layer_ids
 from stages.drafter.export import CONFIG_FILE, PROJECT_KEY, WEIGHTS_FILE
 from tests.dflash.conftest import make_drafter, tiny_target_config
 

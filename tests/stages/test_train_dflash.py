@@ -4,6 +4,7 @@ the anchor generator's state included), exported and loaded back through the exp
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -13,11 +14,13 @@ from transformers import AutoConfig
 
 from stages import train_dflash
 from stages.artifacts.hidden import HiddenStates, collate
+from stages.cli import StageError
 from stages.dflash.export import check_export
 from stages.dflash.model import DFlashConfig, DFlashDrafter
 from stages.dflash.objective import DFlashObjective
 from stages.drafter.training import TrainingSettings, train
 from stages.extract import extract
+from stages.params.dflash import DFlashParams
 from stages.params.extract import ExtractParams
 from stages.params.target import TargetParams
 from stages.reports.train_dflash import TrainDFlashReport
@@ -27,6 +30,7 @@ from tests.runtime.test_distributed import write_merged
 from tests.stages.test_extract_train import KilledAfter
 
 LAYERS = [2, 4, 5]  # HF hidden-state indices: SGLang's target_layer_ids [1, 3, 4]
+IDS = [1, 3, 4]
 TARGET = TargetParams(path=str(DEMO_TARGET), device="cpu", dtype="float32", cpu_threads=1)
 MASK = 14  # the demo target's [PAD]
 DFLASH = {
@@ -34,6 +38,7 @@ DFLASH = {
     "num_anchors": 3,
     "decay_gamma": 2.0,
     "mask_token_id": MASK,
+    "target_layer_ids": IDS,
     "max_steps": 6,
     "batch_size": 2,
     "eval_every": 2,
@@ -45,12 +50,27 @@ DFLASH = {
 }
 
 
+def extracted(tmp, drafters: list[str], store: str = "all"):
+    """The demo's features for `drafters` (DFlash reading the layers EAGLE-3 does)."""
+    params = ExtractParams(
+        drafters=drafters,
+        layers=LAYERS,
+        shard_tokens=120,
+        batch_tokens=256,
+        dtype="float32",
+        store=store,
+    )
+    merged = tmp / "merged"
+    if not merged.exists():
+        write_merged(merged)
+    out = tmp / f"hidden-{'-'.join(drafters)}-{store}"
+    extract(merged, out, params, TARGET, dflash=DFlashParams(target_layer_ids=IDS))
+    return out
+
+
 @pytest.fixture(scope="module")
 def hidden_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dflash")
-    params = ExtractParams(layers=LAYERS, shard_tokens=120, batch_tokens=256, dtype="float32")
-    extract(write_merged(tmp / "merged"), tmp / "hidden", params, TARGET)
-    return tmp / "hidden"
+    return extracted(tmp_path_factory.mktemp("dflash"), ["eagle3", "dflash"])
 
 
 def objective() -> DFlashObjective:
@@ -115,11 +135,20 @@ def test_evaluations_score_the_same_blocks_and_leave_the_training_draws(hidden_d
     assert torch.equal(scored.generator.get_state(), before)
 
 
-def test_the_stage_trains_exports_and_reports(hidden_dir, tmp_path):
+def run_stage(hidden_dir, tmp_path, **dflash):
+    """train_dflash on `hidden_dir` with DFLASH's params and `dflash`'s changes: (the export's
+    folder, the report, the plots' folder)."""
+    tmp_path.mkdir(exist_ok=True)
     params = tmp_path / "params.yaml"
-    params.write_text(yaml.safe_dump({"target": {"path": str(DEMO_TARGET)}, "dflash": DFLASH}))
+    section = {**DFLASH, **dflash}
+    params.write_text(yaml.safe_dump({"target": {"path": str(DEMO_TARGET)}, "dflash": section}))
     out, report, plots = tmp_path / "models" / "dflash", tmp_path / "report.json", tmp_path / "p"
     train_dflash.main(hidden_dir, tmp_path / "ckpt", out, report, plots, params=params)
+    return out, report, plots
+
+
+def test_the_stage_trains_exports_and_reports(hidden_dir, tmp_path):
+    out, report, plots = run_stage(hidden_dir, tmp_path)
     target_config = AutoConfig.from_pretrained(DEMO_TARGET, local_files_only=True)
     check_export(out, target_config)
     config = json.loads((out / "config.json").read_text())
@@ -131,3 +160,46 @@ def test_the_stage_trains_exports_and_reports(hidden_dir, tmp_path):
     assert len(written.best_accuracy) == 3 and written.target_layer_ids == [1, 3, 4]
     for name in ("loss", "evals", "accuracy"):
         assert (plots / f"train_dflash_{name}.csv").stat().st_size > 0
+    assert written.features == "stored" and written.target_forward_share is None
+
+
+def test_features_captured_without_dflash_train_nothing_and_say_why(tmp_path):
+    """extract.drafters without dflash: an empty export folder (what benchmark_dflash reads as
+    not trained), the reason in the report, curves with their headers only."""
+    hidden = extracted(tmp_path, ["eagle3"])
+    stale = tmp_path / "models" / "dflash"
+    stale.mkdir(parents=True)
+    (stale / "config.json").write_text("{}")  # an earlier run's export
+    out, report, plots = run_stage(hidden, tmp_path)
+    assert out.is_dir() and not any(out.iterdir())
+    written = json.loads(report.read_text())
+    assert written["trained"] is False and "extract.drafters" in written["reason"]
+    assert (plots / "train_dflash_evals.csv").read_text().strip() == "step,tau"
+
+
+def test_a_dflash_section_the_features_were_not_captured_for_is_refused(hidden_dir, tmp_path):
+    """Two draft layers read SGLang's default ids [1, 5] (HF [2, 6]), not the captured [2, 4, 5]:
+    the stage stops before training, naming meta.json and what to run."""
+    with pytest.raises(StageError, match=r"meta.json.*HF hidden states \[2, 4, 5\].*rerun extract"):
+        run_stage(hidden_dir, tmp_path, num_layers=2, target_layer_ids=None)
+    assert not (tmp_path / "ckpt" / "last.pt").exists()
+
+
+@pytest.mark.slow
+def test_online_features_train_the_same_drafter_as_stored_ones(tmp_path):
+    """extract.store none: the stage runs the target on each batch; its curve is that of the
+    features stored the way store none keeps the rows (up to each sample's last supervised
+    token), step for step."""
+    stored = extracted(tmp_path, ["eagle3", "dflash"], store="supervised")
+    online = extracted(tmp_path, ["eagle3", "dflash"], store="none")
+    _, stored_report, stored_plots = run_stage(stored, tmp_path / "stored")
+    _, online_report, online_plots = run_stage(online, tmp_path / "online")
+    assert TrainDFlashReport.read(online_report).features == "online hf"
+    curves = [
+        [float(r["loss"]) for r in csv.DictReader((p / "train_dflash_loss.csv").open())]
+        for p in (stored_plots, online_plots)
+    ]
+    assert len(curves[0]) == 6
+    assert curves[1] == pytest.approx(curves[0], rel=1e-5)
+    taus = [TrainDFlashReport.read(r).best_tau for r in (stored_report, online_report)]
+    assert taus[1] == pytest.approx(taus[0], rel=1e-5)
