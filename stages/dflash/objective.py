@@ -249,14 +249,20 @@ class DFlashObjective(LoopObjective):
         self.generator = torch.Generator().manual_seed(seed)
         self.eval_generator = torch.Generator().manual_seed(seed)
 
-    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, DFlashMetrics]:
-        anchors = sample_anchors(
+    @torch.compiler.disable
+    def anchors(self, batch: dict[str, Tensor]) -> Anchors:
+        """The batch's blocks, drawn eagerly from the CPU generator: compiled, the objective is
+        one graph from the anchors on (a generator and a data-dependent count do not trace)."""
+        return sample_anchors(
             batch["loss_mask"],
             batch.get("attention_mask"),
             self.drafter.cfg.block_size,
             self.num_anchors,
             self.generator if self.training else self.eval_generator,
         )
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, DFlashMetrics]:
+        anchors = self.anchors(batch)
         return dflash_loss(
             self.drafter,
             self.embed,
