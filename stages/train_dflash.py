@@ -74,20 +74,21 @@ def main(
     target = TargetParams.read(params)
     extract = ExtractParams.read(params)  # online: its engine
     rank, device = parallel.start(resolve_device(p.device))
+    meta = hidden.read_meta(hidden_dir)
+    if meta.layers_for("dflash") is None:
+        if rank.main:  # outside the checkpoint folder's lock, which removes a folder left empty
+            _not_trained(hidden_dir, checkpoint_dir, out_dir, report, plots)
+        parallel.stop()
+        return
     with guarded_outputs(STAGE, rank, checkpoint_dir, out_dir, report, plots / f"{STAGE}_loss.csv"):
         started = time.monotonic()
         prepare(p, "dflash", rank, device)
-        meta = hidden.read_meta(hidden_dir)
-        if meta.layers_for("dflash") is None:
-            if rank.main:
-                _not_trained(hidden_dir, checkpoint_dir, out_dir, report, plots)
-        else:
-            run = _train(p, target, extract, meta, rank, device, hidden_dir, checkpoint_dir)
-            if rank.main:
-                _export_best(run.objective.drafter, checkpoint_dir, out_dir, run.target_config, p)
-                seconds = time.monotonic() - started
-                _write_reports(run, (rank.world, seconds), report, plots)
-                complete_run(checkpoint_dir)
+        run = _train(p, target, extract, meta, rank, device, hidden_dir, checkpoint_dir)
+        if rank.main:
+            _export_best(run.objective.drafter, checkpoint_dir, out_dir, run.target_config, p)
+            seconds = time.monotonic() - started
+            _write_reports(run, (rank.world, seconds), report, plots)
+            complete_run(checkpoint_dir)
     parallel.stop()
 
 

@@ -9,6 +9,7 @@ dvc.yaml (`dvc repro`), each as `python -m stages.<stage>`.
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -77,10 +78,10 @@ def launch_line(
 ) -> None:
     """Print the SGLang launch line that params give.
 
-    generate.sglang.launch (else SGLang's defaults) serving the target; with --drafter, the
-    EAGLE-3 flags of the benchmark's chain (benchmark.num_steps) added.
+    generate.sglang.launch (else SGLang's defaults) serving the target; with --drafter, its
+    speculative flags added: a DFlash export's (DFLASH, at the block size it was trained with),
+    else EAGLE-3's at the benchmark's chain (benchmark.num_steps).
     """
-    from ..serving.launch import Speculation
     from ..wiring.engines import server_command
 
     gen = GenerateParams.read(params)
@@ -93,9 +94,19 @@ def launch_line(
         raise StageError(f"--drafter {drafter}: no config.json there; give the exported drafter")
     command = server_command(gen.sglang.launch or SGLangLaunchParams(), target)
     if drafter is not None:
-        b = BenchmarkParams.read(params)
-        command += Speculation.eagle3(drafter, b.num_steps).args()
+        command += speculation(drafter, params).args()
     print(shlex.join(command))
+
+
+def speculation(drafter: Path, params: Path):
+    """How SGLang serves the export in `drafter`: by the family its config.json names."""
+    from ..dflash.export import ARCHITECTURE, sglang_view
+    from ..serving.launch import Speculation
+
+    config = json.loads((drafter / "config.json").read_text())
+    if config.get("architectures") == [ARCHITECTURE]:
+        return Speculation.dflash(drafter, sglang_view(config).block_size)
+    return Speculation.eagle3(drafter, BenchmarkParams.read(params).num_steps)
 
 
 def main() -> None:

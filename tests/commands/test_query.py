@@ -20,6 +20,7 @@ from stages.queries import QUERY_DIR
 from stages.queries.session import catalog, description, is_view, open_session, parameters
 from stages.reporting.text import text_table
 from tests.conftest import ROOT
+from tests.dflash.test_benchmark_stage import export_random_dflash
 from tests.reportdata import write_run
 from tests.stage_runner import run_stage
 
@@ -158,6 +159,18 @@ def test_launch_line(monkeypatch, capsys, tmp_path):
     words = shlex.split(out)
     assert words[words.index("--speculative-algorithm") + 1] == "EAGLE3"
     assert words[words.index("--speculative-num-steps") + 1] == "3"
+
+
+def test_the_launch_line_of_a_dflash_export_serves_it_at_its_block_size(
+    monkeypatch, capsys, tmp_path
+):
+    monkeypatch.chdir(ROOT)
+    export_random_dflash(tmp_path, block_size=6)
+    code, out, _ = run_stage(console.launch_line, ["--drafter", str(tmp_path)], monkeypatch, capsys)
+    words = shlex.split(out)
+    assert code == 0 and words[words.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert words[words.index("--speculative-num-draft-tokens") + 1] == "6"
+    assert "--speculative-num-steps" not in words
 
 
 def test_console_usage_errors_are_one_line(monkeypatch, capsys):

@@ -165,13 +165,14 @@ def test_the_stage_trains_exports_and_reports(hidden_dir, tmp_path):
 
 def test_features_captured_without_dflash_train_nothing_and_say_why(tmp_path):
     """extract.drafters without dflash: an empty export folder (what benchmark_dflash reads as
-    not trained), the reason in the report, curves with their headers only."""
+    not trained) and checkpoint folder, the reason in the report, curves with headers only."""
     hidden = extracted(tmp_path, ["eagle3"])
     stale = tmp_path / "models" / "dflash"
     stale.mkdir(parents=True)
     (stale / "config.json").write_text("{}")  # an earlier run's export
     out, report, plots = run_stage(hidden, tmp_path)
     assert out.is_dir() and not any(out.iterdir())
+    assert (tmp_path / "ckpt").is_dir()  # DVC records it, empty, as the stage's output
     written = json.loads(report.read_text())
     assert written["trained"] is False and "extract.drafters" in written["reason"]
     assert (plots / "train_dflash_evals.csv").read_text().strip() == "step,tau"
