@@ -16,6 +16,9 @@ from ..runtime.swap import OWN, finish_swap, keep_aside
 # a size and sha256 beside each; 4: the best acceptance as `best_tau`, the objective's own state),
 # so that older checkpoints start the run over instead of failing to resume.
 CHECKPOINT_FORMAT = 4
+# Formats `resume` (training.py) reads as this one: 3 holds the best acceptance as
+# `best_replayed_tau` and no objective state (EAGLE-3's has none), so its runs resume.
+READABLE_FORMATS = (3,)
 
 
 EARLIER = "earlier"  # in the checkpoint folder: another run's checkpoints, kept aside
@@ -46,7 +49,13 @@ def start_or_resume(checkpoint_dir: Path, run: dict, stage: str = "train") -> No
 
 
 def _same_run(run_file: Path, run: dict) -> bool:
-    return run_file.exists() and json.loads(run_file.read_text()) == json.loads(json.dumps(run))
+    """Whether the checkpoints of `run_file` are `run`'s, in this format or one read as it."""
+    if not run_file.exists():
+        return False
+    recorded = json.loads(run_file.read_text())
+    if recorded.get("checkpoint_format") in READABLE_FORMATS:
+        recorded["checkpoint_format"] = CHECKPOINT_FORMAT
+    return recorded == json.loads(json.dumps(run))
 
 
 def _keep_aside(checkpoint_dir: Path, aside: Path, back: bool) -> None:

@@ -526,8 +526,10 @@ def resume(
     optim.opt.load_state_dict(ckpt["optimizer"])
     optim.sched.load_state_dict(ckpt["scheduler"])
     state.update(ckpt["state"])
+    if "best_replayed_tau" in state:  # checkpoint format 3 (checkpoints.py READABLE_FORMATS)
+        state["best_tau"] = state.pop("best_replayed_tau")  # type: ignore[typeddict-item]
     torch.set_rng_state(ckpt["rng"])
-    optim.objective.load_loop_state(ckpt["objective"])
+    optim.objective.load_loop_state(ckpt.get("objective", {}))
     # counts a resumed run carries on (a checkpoint from before they were kept has none)
     counts = {k: ckpt["history"].get(k, 0) for k in ("padding", "positions")}
     history = History(ckpt["history"]["steps"], ckpt["history"]["evals"], **counts)

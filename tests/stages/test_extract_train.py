@@ -3,6 +3,7 @@ best checkpoint by replayed acceptance, evaluation over every span), on the real
 target."""
 
 import dataclasses
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +13,7 @@ from safetensors import safe_open
 from transformers import AutoConfig
 
 from stages.artifacts.hidden import HiddenStates
+from stages.drafter.checkpoints import start_or_resume
 from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import (
     LoopSettings,
@@ -26,6 +28,7 @@ from stages.extract import extract
 from stages.params.extract import ExtractParams
 from stages.params.target import TargetParams
 from stages.params.train import TrainParams
+from stages.runtime.files import atomic_path, remove_path
 from stages.target_model.model import load_causal_lm
 from stages.target_model.weights import embedding_and_head
 from tests.conftest import STORIES, STORIES_REL
@@ -272,3 +275,46 @@ def test_compile_auto_compiles_the_steps_on_a_gpu_and_not_on_the_cpu():
         ("false", "cuda"): False,
         ("false", "cpu"): False,
     }
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_format_3_resumes_exactly(hidden, tmp_path):
+    """Checkpoint format 3 (written before the loop served both families, up to 926f0e3): the
+    best acceptance as `best_replayed_tau`, no objective state, run.json's format 3. A run
+    killed with such a checkpoint resumes it (checked against that commit's own code on the demo,
+    docs/performance.md) and ends as the uninterrupted run."""
+    _, h, _ = hidden
+    train_set, eval_set = HiddenStates(h, "train"), HiddenStates(h, "eval")
+    cpu, quiet = torch.device("cpu"), {"log": lambda _: None}
+    straight = objective(h)
+    train(straight, train_set, eval_set, settings(6), tmp_path / "a", cpu, **quiet)
+    folder = tmp_path / "b"
+    folder.mkdir()
+    start_or_resume(folder, RUN)
+    with pytest.raises(KeyboardInterrupt):  # killed in step 4, after the step-3 checkpoint
+        train(objective(h), KilledAfter(train_set, 3, 4), eval_set, settings(6), folder, cpu)
+    as_format_3(folder)
+    start_or_resume(folder, RUN)
+    assert (folder / "last.pt").exists()  # kept: the same run
+    resumed = objective(h)
+    train(resumed, train_set, eval_set, settings(6), folder, cpu, **quiet)
+    for (name, a), (_, b) in zip(
+        straight.drafter.state_dict().items(), resumed.drafter.state_dict().items()
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+RUN = {"train": {"lr": 0.01}, "hidden": "features", "vocab": "ids"}
+
+
+def as_format_3(folder):
+    """last.pt and run.json as format 3 held them (926f0e3's training.py `checkpoint` and
+    `start_or_resume`): the state's best under its old name, no `objective` entry."""
+    ckpt = torch.load(folder / "last.pt", weights_only=True)
+    ckpt["state"]["best_replayed_tau"] = ckpt["state"].pop("best_tau")
+    del ckpt["objective"]
+    remove_path(folder / "last.pt")
+    with atomic_path(folder / "last.pt", 0, checksum=True) as tmp:
+        torch.save(ckpt, tmp)
+    run = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**run, "checkpoint_format": 3}))
