@@ -132,7 +132,15 @@ def _train(
             f"{device} x {rank.world}" + (ONLINE if online else "")
         )
     history = train(
-        objective, train_set, eval_set, s, checkpoint_dir, device, rank, features=features
+        objective,
+        train_set,
+        eval_set,
+        s,
+        checkpoint_dir,
+        device,
+        rank,
+        features=features,
+        stage=STAGE,
     )
     features_from = features_origin(meta)
     compiled = compiles(s.compile, device) and history.compile_failed_at is None

@@ -402,11 +402,14 @@ def train(
     log: Callable[[str], None] = print,
     features: TargetFeatures | None = None,
     observe: Callable[[int, dict[str, float]], None] | None = None,
+    stage: str = "train",
 ) -> History:
     """Train to s.total_steps (resuming from checkpoint_dir/last.pt); `features` computes each
     batch's features on the device when the shards hold none (its time counts in tokens/s);
-    `observe` (rank 0's) gets each logged step's figures, the evaluation's with them."""
-    log = log if rank.main else (lambda _: None)  # the other ranks' figures are the same
+    `observe` (rank 0's) gets each logged step's figures, the evaluation's with them. Log lines
+    open with `stage`, the name of the stage training."""
+    log = stage_log(log, stage, rank)
+
     model = data_parallel(objective, device, rank)
     refuse_unfit_fp8(s, objective.drafter, device)
     compiling = compiles(s.compile, device)
@@ -416,7 +419,7 @@ def train(
     first = state["step"]
     stream = prefetched(remaining_batches(train_set, s, state, rank, device))
     if compiling:  # silent for a long while otherwise (compile times: docs/performance.md)
-        log("[train] the first step compiles the objective (minutes on a GPU)")
+        log("the first step compiles the objective (minutes on a GPU)")
     clock = time.monotonic()
     for state["epoch"], state["cursor"], batch in stream:
         in_target = target_seconds(features)
@@ -433,7 +436,7 @@ def train(
         in_target = target_seconds(features) - in_target
         history.add_step(step_tokens, positions, seconds, warming_up, in_target)
         if state["step"] == first + 1:
-            log(f"[train] first step {seconds:.3f} s (warm-up, not in the rate)")
+            log(f"first step {seconds:.3f} s (warm-up, not in the rate)")
         row = step_row(state["step"], step_loss, optim.sched.get_last_lr()[0], grad_norm, metrics)
         history.steps.append(row)
         if logged := due(state["step"], 10, s.total_steps):
@@ -533,10 +536,7 @@ def resume(
     # counts a resumed run carries on (a checkpoint from before they were kept has none)
     counts = {k: ckpt["history"].get(k, 0) for k in ("padding", "positions")}
     history = History(ckpt["history"]["steps"], ckpt["history"]["evals"], **counts)
-    log(
-        f"[train] resumed at step {state['step']} (epoch {state['epoch']}, "
-        f"sample {state['cursor']})"
-    )
+    log(f"resumed at step {state['step']} (epoch {state['epoch']}, sample {state['cursor']})")
     return state, history
 
 
@@ -586,7 +586,7 @@ def optimizer_step(
         if optim.step_model is optim.model:
             raise
         log(
-            f"[train] step {step}: compiling the objective failed "
+            f"step {step}: compiling the objective failed "
             f"({root_cause(err)}); the run goes on eager"
         )
         history.compile_failed_at, optim.step_model = step, optim.model
@@ -595,6 +595,14 @@ def optimizer_step(
     use_fp8(optim.drafter, False)
     optim.sched.step()
     return loss, metrics, grad_norm
+
+
+def stage_log(log: Callable[[str], None], stage: str, rank: Rank) -> Callable[[str], None]:
+    """`log` with each line opened by the stage's name, silent on all ranks but the first (the
+    other ranks' figures are the same)."""
+    if not rank.main:
+        return lambda _: None
+    return lambda line: log(f"[{stage}] {line}")
 
 
 def due(step: int, every: int, total: int) -> bool:
@@ -621,7 +629,7 @@ def progress(row: dict, history: History, total_steps: int, first: int) -> str:
     spent = history.seconds + history.warmup_seconds
     eta = (total_steps - row["step"]) * spent / (row["step"] - first)
     return (
-        f"[train] step {row['step']}/{total_steps} loss {row['loss']:.4f} "
+        f"step {row['step']}/{total_steps} loss {row['loss']:.4f} "
         f"acc0 {row['acc_0']:.3f} lr {row['lr']:.2e} {history.tokens_per_s:,.0f} tok/s "
         f"eta {eta:,.0f}s"
     )
@@ -634,7 +642,7 @@ def record_eval(
     (unrounded), the figure checkpoints are selected by."""
     evaluation = objective.evaluation(ev)
     history.evals.append({"step": step, **evaluation})
-    log(f"[train] eval step {step}: {objective.describe(evaluation)}")
+    log(f"eval step {step}: {objective.describe(evaluation)}")
     return objective.acceptance(ev)
 
 
