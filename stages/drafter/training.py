@@ -404,14 +404,11 @@ def train(
     observe: Callable[[int, dict[str, float]], None] | None = None,
     stage: str = "train",
 ) -> History:
-    """Train to s.total_steps (resuming from checkpoint_dir/last.pt); `features` computes each
-    batch's features on the device when the shards hold none (its time counts in tokens/s);
-    `observe` (rank 0's) gets each logged step's figures, the evaluation's with them. Log lines
-    open with `stage`, the name of the stage training."""
+    """Train to s.total_steps (resuming from checkpoint_dir/last.pt), logging as `stage`;
+    `features` computes each batch's features on the device when the shards hold none (its time
+    counts in tokens/s); `observe` (rank 0's) gets each logged step's figures and evaluation."""
     log = stage_log(log, stage, rank)
-
     model = data_parallel(objective, device, rank)
-    refuse_unfit_fp8(s, objective.drafter, device)
     compiling = compiles(s.compile, device)
     optim = optimization(model, objective, s, device, compiling)
     last = checkpoint_dir / "last.pt"
@@ -501,8 +498,9 @@ def optimization(
     device: torch.device,
     compiling: bool,
 ) -> Optimization:
-    """A fresh optimizer and schedule for the drafter's trainable parameters: a resumed run then
-    loads their state from its checkpoint."""
+    """A fresh optimizer and schedule for the drafter's trainable parameters (refused first where
+    `fp8` cannot run): a resumed run then loads their state from its checkpoint."""
+    refuse_unfit_fp8(s, objective.drafter, device)
     step_model = compiled_objective(model) if compiling else model
     params = [p for p in objective.drafter.parameters() if p.requires_grad]
     opt = adamw(params, s.lr, s.weight_decay, device)

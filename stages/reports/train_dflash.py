@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .record import Report
+from .training import TrainingRun
 
 
 @dataclass(frozen=True)
-class TrainDFlashReport(Report):
+class TrainDFlashReport(TrainingRun):
     """The run's length and loss, the best evaluation (that of the exported checkpoint: its tau,
-    the tokens one verify step accepts on the eval split) and how fast the steps ran."""
+    the tokens one verify step accepts on the eval split); how fast the steps ran is
+    TrainingRun's."""
 
     STAGE: ClassVar[str] = "train_dflash"
 
@@ -22,12 +23,4 @@ class TrainDFlashReport(Report):
     best_accuracy: list[float]  # per draft position 1 .. block_size - 1, at the best evaluation
     block_size: int
     target_layer_ids: list[int]  # SGLang's, from the captured HF indices
-    world_size: int
-    tokens_per_s: float  # after the warm-up steps; 0.0 when every step of this run was one
-    warmup_s: float
-    padding_share: float
-    compiled: bool
-    compile_failed_at_step: int | None  # None: no compilation failed
-    features: str  # "stored", or "online <engine>": the target ran on every batch
-    target_forward_share: float | None  # of the step time, the target's forward; None: stored
     seconds: float  # this run's training steps, evaluations and checkpoints, wall clock

@@ -170,12 +170,6 @@ KEYS = {
         "drafters",
     ],
     "train": [
-        "steps",
-        "final_loss",
-        "best_step",
-        "best_replayed_tau",
-        "best_simulated_tau",
-        "eval_num_steps",
         "world_size",
         "tokens_per_s",
         "warmup_s",
@@ -184,6 +178,12 @@ KEYS = {
         "compile_failed_at_step",
         "features",
         "target_forward_share",
+        "steps",
+        "final_loss",
+        "best_step",
+        "best_replayed_tau",
+        "best_simulated_tau",
+        "eval_num_steps",
     ],
     "benchmark": [
         "drafter",
@@ -344,11 +344,11 @@ REPORT_MODULES = {
     "quality": {"prep", "quality"},  # it reads the prep reports
     "vocab": {"vocab"},
     "extract": {"extract"},
-    "train": {"train"},
-    "train_dflash": {"train_dflash"},
+    "train": {"train", "training"},  # training: what both training reports keep
+    "train_dflash": {"train_dflash", "training"},
     "benchmark": {"benchmark"},
     "benchmark_dflash": {"benchmark"},  # the same records, under its stage's name
-    "report": {"benchmark", "extract", "generate", "merge", "metrics", "train", "vocab"},
+    "report": {"benchmark", "extract", "generate", "merge", "metrics", "train", "training", "vocab"},
 }
 
 

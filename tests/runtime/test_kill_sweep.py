@@ -1,8 +1,9 @@
-"""kill -9 anywhere in generate, extract and train, each time followed by a rerun that ends with
-the outputs of an uninterrupted run: a seeded sweep of kill points over each stage's whole run.
+"""kill -9 anywhere in generate, extract, train and train_dflash, each time followed by a rerun
+that ends with the outputs of an uninterrupted run: a seeded sweep of kill points over each stage's
+whole run.
 
-tests/runtime/test_kill9.py kills each stage inside one seeded write. Here the three stages run on
-the demo target (greedy generation) in a temporary copy of the project with one small dataset, and
+tests/runtime/test_kill9.py kills each stage inside one seeded write. Here the stages run on the
+demo target (greedy generation) in a temporary copy of the project with one small dataset, and
 each is killed at KILL_SWEEP_POINTS points (3 in `make test`; `make kill-sweep` runs 21 and prints
 where they landed). Point i of a stage draws frac(a seeded start + i x 0.618...), so any first n
 points spread over the run, and the CI subset is the start of the full sweep:
@@ -37,6 +38,8 @@ file and no lock anywhere, and against the uninterrupted run:
   and no shard that was in place at the kill extracted again;
 - train: last.pt and best.pt weights, the export, the curves and train.json (all but timings)
   identical, every step once in the curve, resumed at the step of the last.pt the kill left;
+- train_dflash: as train, over its own folders (models/dflash_checkpoints, models/dflash,
+  train_dflash.json and curves), the checkpoints' anchor generator state identical too;
 - swap: train again over an earlier run's checkpoints (other params), every point a write point
   inside the swap that keeps them aside (runtime/swap.py: the files moved, the journal): once the
   resume code has finished the swap the kill cut short, the earlier run is whole, in place or
@@ -111,9 +114,13 @@ def small(params: dict) -> None:
     )
     params["merge"]["eval_fraction"] = 0.3
     params["extract"].update(shard_tokens=256, batch_tokens=512)
-    params["train"].update(
-        max_steps=20, eval_every=4, checkpoint_every=3, batch_size=2, cpu_threads=1
-    )
+    for family in ("train", "dflash"):  # both families train, on the same features
+        params[family].update(
+            max_steps=20, eval_every=4, checkpoint_every=3, batch_size=2, cpu_threads=1
+        )
+    # fewer anchors than a sample's eligible ones: each batch draws its anchors, so a resume that
+    # lost the anchor generator's state trains other weights (with all of them, no draw counts)
+    params["dflash"]["num_anchors"] = 4
 
 
 def command(name: str) -> list[str]:
@@ -214,49 +221,88 @@ def extract_findings(project: Path, reference: Path, kept: dict, output: str) ->
     return found
 
 
-def train_saved(project: Path) -> int | None:
-    """The step of the last.pt in place (complete: renamed once written), the rerun's start."""
-    last = project / "models/checkpoints/last.pt"
-    return torch.load(last, weights_only=True)["state"]["step"] if last.exists() else None
+@dataclass(frozen=True)
+class Training:
+    """A training stage of one drafter family, as the train stages' kill points see it: its name
+    in dvc.yaml (its report's and curves' too), its checkpoint and export folders and its curves.
+    `saved` and `findings` are its Stage's."""
+
+    name: str
+    checkpoints: str
+    export: str
+    curves: tuple[str, ...]  # reports/plots/<name>_<curve>.csv
+
+    @property
+    def report(self) -> str:
+        return f"reports/{self.name}.json"
+
+    @property
+    def plots(self) -> tuple[str, ...]:
+        return tuple(f"reports/plots/{self.name}_{c}.csv" for c in self.curves)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (self.checkpoints, self.export, self.report, *self.plots)
+
+    def saved(self, project: Path) -> int | None:
+        """The step of the last.pt in place (complete: renamed once written), the rerun's start."""
+        last = project / self.checkpoints / "last.pt"
+        return torch.load(last, weights_only=True)["state"]["step"] if last.exists() else None
+
+    def findings(self, project: Path, reference: Path, step: int | None, output: str) -> Findings:
+        found = Findings()
+        for name in ("last.pt", "best.pt"):
+            a, b = (
+                torch.load(root / self.checkpoints / name, weights_only=True)
+                for root in (reference, project)
+            )
+            # the weights, and the objective's own state where the checkpoint keeps it (last.pt:
+            # DFlash's anchor generator; EAGLE-3's objective keeps none)
+            for part, what in (("model", "weights"), ("objective", "objective state")):
+                if (part in a) != (part in b) or not same_tensors(a.get(part, {}), b.get(part, {})):
+                    found.mismatched.append(f"{self.checkpoints}/{name}: other {what}")
+        exported = [p.relative_to(reference) for p in (reference / self.export).rglob("*")]
+        for rel in [p for p in exported if (reference / p).is_file()] + list(map(Path, self.plots)):
+            if not (project / rel).is_file():
+                found.lost.append(f"{rel} missing")
+            elif (project / rel).read_bytes() != (reference / rel).read_bytes():
+                found.mismatched.append(f"{rel}: other bytes")
+        report, want = (untimed(root / self.report) for root in (project, reference))
+        if report != want:
+            found.mismatched.append(
+                f"{self.report}: {report} where the uninterrupted run has {want}"
+            )
+        steps, wanted = (self.curve_steps(root) for root in (project, reference))
+        found.lost += [f"step {s} not in the curve" for s in sorted(set(wanted) - set(steps))]
+        found.duplicated += [
+            f"step {s} {n} times in the curve" for s, n in Counter(steps).items() if n > 1
+        ]
+        if step is not None and f"resumed at step {step}" not in output:
+            found.mismatched.append(f"the rerun did not resume at step {step} of last.pt")
+        return found
+
+    def curve_steps(self, root: Path) -> list[int]:
+        with open(root / f"reports/plots/{self.name}_loss.csv") as f:
+            return [int(row["step"]) for row in csv.DictReader(f)]
 
 
-def train_findings(project: Path, reference: Path, step: int | None, output: str) -> Findings:
-    found = Findings()
-    for name in ("last.pt", "best.pt"):
-        a, b = (
-            torch.load(root / "models/checkpoints" / name, weights_only=True)["model"]
-            for root in (reference, project)
-        )
-        if a.keys() != b.keys() or not all(torch.equal(a[k], b[k]) for k in a):
-            found.mismatched.append(f"{name}: other weights")
-    exported = [p.relative_to(reference) for p in (reference / "models/drafter").rglob("*")]
-    plots = [Path(f"reports/plots/train_{n}.csv") for n in ("loss", "evals", "acceptance")]
-    for rel in [p for p in exported if (reference / p).is_file()] + plots:
-        if not (project / rel).is_file():
-            found.lost.append(f"{rel} missing")
-        elif (project / rel).read_bytes() != (reference / rel).read_bytes():
-            found.mismatched.append(f"{rel}: other bytes")
-    report, want = (untimed(root / "reports/train.json") for root in (project, reference))
-    if report != want:
-        found.mismatched.append(f"train.json: {report} where the uninterrupted run has {want}")
-    steps, wanted = (curve_steps(root) for root in (project, reference))
-    found.lost += [f"step {s} not in the curve" for s in sorted(set(wanted) - set(steps))]
-    found.duplicated += [
-        f"step {s} {n} times in the curve" for s, n in Counter(steps).items() if n > 1
-    ]
-    if step is not None and f"resumed at step {step}" not in output:
-        found.mismatched.append(f"the rerun did not resume at step {step} of last.pt")
-    return found
+EAGLE3 = Training("train", "models/checkpoints", "models/drafter", ("loss", "evals", "acceptance"))
+DFLASH = Training(
+    "train_dflash", "models/dflash_checkpoints", "models/dflash", ("loss", "evals", "accuracy")
+)
+
+
+def same_tensors(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def untimed(report: Path) -> dict:
-    """A report without its timings (keys ending in _s: seconds, per second)."""
-    return {k: v for k, v in json.loads(report.read_text()).items() if not k.endswith("_s")}
-
-
-def curve_steps(root: Path) -> list[int]:
-    with open(root / "reports/plots/train_loss.csv") as f:
-        return [int(row["step"]) for row in csv.DictReader(f)]
+    """A report without its timings (keys ending in _s: seconds, per second; `seconds`)."""
+    return {
+        k: v
+        for k, v in json.loads(report.read_text()).items()
+        if not k.endswith("_s") and k != "seconds"
+    }
 
 
 EARLIER = Path(".sweep-earlier")  # in the project copy: the generation a replacement replaces
@@ -317,7 +363,7 @@ EARLIER_RUN = Path(".sweep-earlier-run")  # in the project copy: the checkpoints
 
 def earlier_run(project: Path) -> None:
     """Train's uninterrupted checkpoints as another run's (another lr in run.json)."""
-    copy(project / "models/checkpoints", project / EARLIER_RUN)
+    copy(project / EAGLE3.checkpoints, project / EARLIER_RUN)
     (project / EARLIER_RUN / LOCK_NAME).unlink(missing_ok=True)
     run = json.loads((project / EARLIER_RUN / "run.json").read_text())
     run["train"]["lr"] *= 2
@@ -325,7 +371,7 @@ def earlier_run(project: Path) -> None:
 
 
 def put_earlier_run(project: Path) -> None:
-    copy(project / EARLIER_RUN, project / "models/checkpoints")
+    copy(project / EARLIER_RUN, project / EAGLE3.checkpoints)
 
 
 def swap_saved(project: Path) -> str | None:
@@ -333,7 +379,7 @@ def swap_saved(project: Path) -> str | None:
     resume code finishes it (on a copy; None: every file of it, in place or aside)."""
     recovered = project.parent / f"{project.name}-swap-recovered"
     remove(recovered)
-    copy(project / "models/checkpoints", recovered)
+    copy(project / EAGLE3.checkpoints, recovered)
     finish_swap(recovered)
     want = {p.name: p.read_bytes() for p in (project / EARLIER_RUN).iterdir()}
     for where in (recovered, recovered / "earlier"):
@@ -344,7 +390,7 @@ def swap_saved(project: Path) -> str | None:
 
 
 def swap_findings(project: Path, reference: Path, saved: str | None, output: str) -> Findings:
-    found = train_findings(project, reference, None, output)
+    found = EAGLE3.findings(project, reference, None, output)
     if saved:
         found.lost.append(saved)
     return found
@@ -392,25 +438,26 @@ STAGES = {
         extract_saved,
         extract_findings,
     ),
-    "train": Stage(
-        "train",
-        ("models/checkpoints", "models/drafter", "reports/train.json")
-        + tuple(f"reports/plots/train_{n}.csv" for n in ("loss", "evals", "acceptance")),
-        ("data/hidden",),
-        f"models/checkpoints/{LOCK_NAME}",
-        train_saved,
-        train_findings,
-    ),
+    **{
+        training.name: Stage(
+            training.name,
+            training.outputs,
+            ("data/hidden",),
+            f"{training.checkpoints}/{LOCK_NAME}",
+            training.saved,
+            training.findings,
+        )
+        for training in (EAGLE3, DFLASH)
+    },
     "swap": Stage(
-        "train",
-        ("models/checkpoints", "models/drafter", "reports/train.json")
-        + tuple(f"reports/plots/train_{n}.csv" for n in ("loss", "evals", "acceptance")),
+        EAGLE3.name,
+        EAGLE3.outputs,
         ("data/hidden",),
-        f"models/checkpoints/{LOCK_NAME}",
+        f"{EAGLE3.checkpoints}/{LOCK_NAME}",
         swap_saved,
         swap_findings,
         put_earlier_run,
-        f"models/checkpoints/{STAGING}",
+        f"{EAGLE3.checkpoints}/{STAGING}",
     ),
 }
 
@@ -582,7 +629,7 @@ def sweep(tmp_path_factory, demo_target, request):
         sweep.runs["generate"] = reference_run(sweep, STAGES["generate"])
         for name in ("merge", "quality", "vocab"):
             run_in_process(name)
-    for name in ("extract", "train"):
+    for name in ("extract", "train", "train_dflash"):
         sweep.runs[name] = reference_run(sweep, STAGES[name])
     earlier_generation(sweep.project)
     reset(sweep, STAGES["replace"])
