@@ -69,9 +69,10 @@ test-fast: setup sglang-releases
 	@start=$$(date +%s); $(BIN)/python -m pytest -q -m "not slow" -n 2 && \
 	echo "test-fast: $$(( $$(date +%s) - start )) s wall"
 
-# kill -9 at 21 seeded points per stage over the whole run of generate, extract and train, each
-# rerun and compared with an uninterrupted run (tests/runtime/test_kill_sweep.py; `make test` runs 3):
-# prints where the kills landed and what the reruns lost, duplicated or got wrong. Under an hour.
+# kill -9 at 21 seeded points per stage over the whole run of generate, extract, train and
+# train_dflash, each rerun and compared with an uninterrupted run (tests/runtime/test_kill_sweep.py;
+# `make test` runs 3): prints where the kills landed and what the reruns lost, duplicated or got
+# wrong. Under an hour.
 kill-sweep: setup
 	KILL_SWEEP_POINTS=21 $(BIN)/python -m pytest -q tests/runtime/test_kill_sweep.py
 
