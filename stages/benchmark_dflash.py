@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from transformers import PreTrainedModel
-
 from .cli import PathOpt, run
 from .dflash.export import check_export, load_dflash, sglang_view
 from .dflash.speculate import dflash_generate
@@ -38,7 +36,7 @@ ACCEPTANCE_COLUMNS = ["temperature", "dataset", "position", "conditional", "unco
 def dflash(drafter_dir: Path, block_size: int) -> Family:
     """The exported DFlash drafter, verified in blocks of `block_size`."""
 
-    def load(target: PreTrainedModel) -> Speculate:
+    def load(target) -> Speculate:  # a PreTrainedModel
         weight = next(target.parameters())  # the drafter runs as the target does, as when served
         drafter = load_dflash(drafter_dir).to(weight.device, weight.dtype).eval()
         return lambda prompt, max_new, temperature, stop_ids, generator: dflash_generate(

@@ -248,11 +248,13 @@ class DFlashObjective(LoopObjective):
         self.num_anchors, self.decay_gamma, self.seed = num_anchors, decay_gamma, seed
         self.generator = torch.Generator().manual_seed(seed)
         self.eval_generator = torch.Generator().manual_seed(seed)
+        # drawn eagerly: compiled, the objective is one graph from the anchors on (a generator
+        # and a data-dependent count do not trace); wrapped here, not at import, which would
+        # import the compiler (a second of every stage's start-up)
+        self.anchors = torch.compiler.disable(self.draw_anchors)
 
-    @torch.compiler.disable
-    def anchors(self, batch: dict[str, Tensor]) -> Anchors:
-        """The batch's blocks, drawn eagerly from the CPU generator: compiled, the objective is
-        one graph from the anchors on (a generator and a data-dependent count do not trace)."""
+    def draw_anchors(self, batch: dict[str, Tensor]) -> Anchors:
+        """The batch's blocks, from the training or the evaluation generator."""
         return sample_anchors(
             batch["loss_mask"],
             batch.get("attention_mask"),

@@ -27,14 +27,17 @@ it. Both emit the target's distribution; their acceptance rates differ.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
-from transformers import PreTrainedModel
 
 from ..drafter.model import embed_tokens
 from ..drafter.speculate import Proposal, SpecResult, choose, speculative_generate
 from .model import DFlashDrafter
+
+if TYPE_CHECKING:  # the class alone imports transformers' model loading: a second of start-up
+    from transformers import PreTrainedModel
 
 
 class DFlashProposer:

@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
-from transformers import AutoConfig, PreTrainedModel
+from transformers import AutoConfig
 
 from ..artifacts.merged import iter_rows, split_path
 from ..cli import StageError, params_key
@@ -51,6 +51,9 @@ from ..target_model.model import load_causal_lm
 from ..target_model.tokenizer import render_prompt
 from .engines import server_command, start_launched
 from .target import api_key, target_roles, target_tokenizer
+
+if TYPE_CHECKING:  # the class alone imports transformers' model loading: a second of start-up
+    from transformers import PreTrainedModel
 
 # One prompt decoded speculatively: (prompt, max_new_tokens, temperature, stop ids, generator).
 Speculate = Callable[[list[int], int, float, list[int], torch.Generator], SpecResult]
