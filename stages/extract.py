@@ -59,14 +59,8 @@ from .runtime.files import remove_with_checksum, write_json
 from .runtime.outputs import output_lock, remove_stale_temps, remove_stale_temps_around
 from .runtime.progress import Progress
 from .target_model.tokenizer import model_fingerprint
-from .wiring.capture import (
-    DTYPES,
-    ConfigFacts,
-    build_capture,
-    captured_layers,
-    config_only_facts,
-    drafter_layers,
-)
+from .wiring.capture import DTYPES, ConfigFacts, build_capture, config_only_facts
+from .wiring.feature_layers import captured_layers, drafter_layers
 
 
 def forward_tokens(params: ExtractParams) -> int:

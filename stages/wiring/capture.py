@@ -11,9 +11,7 @@ import torch
 from ..capture.hf import HFCapture
 from ..capture.interface import Capture, Role, config_facts
 from ..cli import params_key
-from ..dflash.layers import default_target_layer_ids
 from ..drafter.layers import default_aux_indices
-from ..params.dflash import DFlashParams
 from ..params.extract import ExtractParams
 from ..params.target import TargetParams
 from ..target_model.model import load_causal_lm
@@ -24,37 +22,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def aux_indices(params: ExtractParams, num_layers: int) -> list[int]:
     """The HF hidden-state indices to capture: `extract.layers`, or EAGLE-3's default for a
     target of `num_layers` layers. The extract stage passes the union of every family's layers
-    (drafter_layers) as `extract.layers`."""
+    (feature_layers.py) as `extract.layers`."""
     with params_key("extract.layers"):
         return params.layers or default_aux_indices(num_layers)
-
-
-def drafter_layers(
-    params: ExtractParams, dflash: DFlashParams, num_layers: int
-) -> dict[str, list[int]]:
-    """The HF hidden-state indices each family of `extract.drafters` reads, in its order:
-    EAGLE-3 `extract.layers` (or [2, N // 2, N - 3]); DFlash `dflash.target_layer_ids` (or
-    what SGLang picks for `dflash.num_layers` draft layers), each id k being HF index k + 1."""
-    layers = {}
-    if "eagle3" in params.drafters:
-        layers["eagle3"] = aux_indices(params, num_layers)
-    if "dflash" in params.drafters:
-        with params_key("dflash.target_layer_ids"):
-            ids = dflash.target_layer_ids or default_target_layer_ids(num_layers, dflash.num_layers)
-            outside = [i for i in ids if not 0 <= i < num_layers - 1]
-            if outside:
-                raise ValueError(
-                    f"ids {outside} are outside 0 .. {num_layers - 2}: id k is the output of "
-                    f"layer k as layer k + 1 takes it, and the target has {num_layers} layers; "
-                    "name ids in that range, or null for SGLang's choice"
-                )
-        layers["dflash"] = [i + 1 for i in ids]
-    return layers
-
-
-def captured_layers(layers: dict[str, list[int]]) -> list[int]:
-    """What the extract stage captures: every family's layers, once, ascending."""
-    return sorted({i for family in layers.values() for i in family})
 
 
 def build_capture(

@@ -176,9 +176,11 @@ def stages_depending_on(path: str) -> set[str]:
     [
         ("stages/params/train.py", {"check", "train", "report"}),
         # the loop's keys, which `train` and `dflash` both hold
-        ("stages/drafter/knobs.py", {"check", "train", "train_dflash", "report"}),
-        ("stages/params/dflash.py", {"check", "train_dflash"}),
-        ("stages/params/extract.py", {"check", "extract", "train"}),
+        # extract reads the dflash section (the layers DFlash reads), whose keys are LoopKnobs'
+        ("stages/drafter/knobs.py", {"check", "extract", "train", "train_dflash", "report"}),
+        ("stages/params/dflash.py", {"check", "extract", "train_dflash"}),
+        # both train stages read extract's engine (extract.store none: online)
+        ("stages/params/extract.py", {"check", "extract", "train", "train_dflash"}),
         ("stages/params/benchmark.py", {"check", "benchmark", "benchmark_dflash"}),
         ("stages/params/merge.py", {"check", "merge"}),
         ("stages/params/vocab.py", {"check", "vocab"}),
