@@ -284,8 +284,9 @@ class ShardWriter:
 
 
 class HiddenStates:
-    """Samples of one split; each is a dict of aux [T, 3H], last [T, H], input_ids, loss_mask
-    (input_ids and loss_mask alone when the store is `none`)."""
+    """Samples of one split; each is a dict of aux [T, layers x H] (the layers asked for, of those
+    stored), last [T, H], input_ids, loss_mask (input_ids and loss_mask alone when the store is
+    `none`)."""
 
     def __init__(
         self,
