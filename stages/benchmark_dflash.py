@@ -27,10 +27,7 @@ from .reports.benchmark import DFLASH_RECORDS, NotTrained
 from .runtime.files import write_csv
 from .runtime.outputs import remove_stale_temps_around
 from .serving.launch import Speculation
-from .wiring.benchmark import Family, Speculate, measure_drafter
-
-# The plot's columns, as acceptance_rows (stages/wiring/benchmark.py) writes them
-ACCEPTANCE_COLUMNS = ["temperature", "dataset", "position", "conditional", "unconditional"]
+from .wiring.benchmark import ACCEPTANCE_COLUMNS, Family, Speculate, measure_drafter
 
 
 def dflash(drafter_dir: Path, block_size: int) -> Family:

@@ -24,7 +24,7 @@ import torch
 from .artifacts import hidden
 from .cli import PathOpt, StageError, params_key, run, summary
 from .dflash.export import check_export, export_dflash
-from .dflash.layers import default_target_layer_ids
+from .dflash.layers import hf_indices_read
 from .dflash.model import DFlashConfig, DFlashDrafter
 from .dflash.objective import DFlashObjective
 from .drafter.export import CONFIG_FILE, PROJECT_KEY, read_exported_config
@@ -152,11 +152,11 @@ def _layers(p: DFlashParams, meta: hidden.HiddenMeta, hidden_dir: Path) -> list[
     `dflash` section asks for (the section changed since extract ran)."""
     captured = family_layers(meta, "dflash", hidden_dir)
     with params_key("dflash.target_layer_ids"):
-        ids = p.target_layer_ids or default_target_layer_ids(meta.num_hidden_layers, p.num_layers)
-    if captured != [i + 1 for i in ids]:
+        wanted = hf_indices_read(p.target_layer_ids, meta.num_hidden_layers, p.num_layers)
+    if captured != wanted:
         raise StageError(
             f"{hidden_dir / hidden.META}: DFlash's features are HF hidden states {captured}, the "
-            f"dflash section reads target layers {ids} (HF {[i + 1 for i in ids]}); rerun extract"
+            f"dflash section reads HF hidden states {wanted}; rerun extract"
         )
     return captured
 

@@ -38,3 +38,20 @@ def layer_ids_from_hf_indices(hf_indices: list[int]) -> list[int]:
             "DFlash layer id captures; use indices from 1"
         )
     return [i - 1 for i in hf_indices]
+
+
+def hf_indices_read(
+    target_layer_ids: list[int] | None, num_target_layers: int, num_draft_layers: int
+) -> list[int]:
+    """The HF hidden-state indices a draft reads: those of `target_layer_ids` (id k: HF index
+    k + 1), or of SGLang's default ids for `num_draft_layers` draft layers when None; refused
+    where an id is no layer whose output a later layer takes."""
+    ids = target_layer_ids or default_target_layer_ids(num_target_layers, num_draft_layers)
+    outside = [i for i in ids if not 0 <= i < num_target_layers - 1]
+    if outside:
+        raise ValueError(
+            f"ids {outside} are outside 0 .. {num_target_layers - 2}: id k is the output of "
+            f"layer k as layer k + 1 takes it, and the target has {num_target_layers} layers; "
+            "name ids in that range, or null for SGLang's choice"
+        )
+    return [i + 1 for i in ids]

@@ -409,6 +409,10 @@ def held_out_prompts(
     return prompts
 
 
+# the acceptance plot's columns, as acceptance_rows writes them
+ACCEPTANCE_COLUMNS = ["temperature", "dataset", "position", "conditional", "unconditional"]
+
+
 def acceptance_rows(results: BenchmarkReport) -> list[dict]:
     """The plots CSV: one row per temperature, dataset and draft position, for DVC's plots."""
     return [
@@ -456,7 +460,7 @@ def measure_drafter(
     else:
         results = in_process_benchmark(prompts, b, stop_ids, target, family)
     results.write(report)
-    write_csv(acceptance_rows(results), plot)
+    write_csv(acceptance_rows(results), plot, ACCEPTANCE_COLUMNS)
     greedy = results.temperatures.get(GREEDY)
     per_set = greedy.datasets.items() if greedy else ()
     print(

@@ -4,7 +4,7 @@ each family's as its own section names them (EAGLE-3 `extract.layers`, DFlash `d
 from __future__ import annotations
 
 from ..cli import params_key
-from ..dflash.layers import default_target_layer_ids
+from ..dflash.layers import hf_indices_read
 from ..params.dflash import DFlashParams
 from ..params.extract import ExtractParams
 from .capture import aux_indices
@@ -21,15 +21,9 @@ def drafter_layers(
         layers["eagle3"] = aux_indices(params, num_layers)
     if "dflash" in params.drafters:
         with params_key("dflash.target_layer_ids"):
-            ids = dflash.target_layer_ids or default_target_layer_ids(num_layers, dflash.num_layers)
-            outside = [i for i in ids if not 0 <= i < num_layers - 1]
-            if outside:
-                raise ValueError(
-                    f"ids {outside} are outside 0 .. {num_layers - 2}: id k is the output of "
-                    f"layer k as layer k + 1 takes it, and the target has {num_layers} layers; "
-                    "name ids in that range, or null for SGLang's choice"
-                )
-        layers["dflash"] = [i + 1 for i in ids]
+            layers["dflash"] = hf_indices_read(
+                dflash.target_layer_ids, num_layers, dflash.num_layers
+            )
     return layers
 
 
