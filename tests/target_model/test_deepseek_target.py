@@ -290,23 +290,16 @@ def deepseek_params(target: Path):
         )
         p["vocab"]["draft_vocab_size"] = 256
         p["extract"].update(dtype="float32", shard_tokens=2048)  # fp32: compared with HF below
-        p["train"].update(
-            max_steps=6,
-            batch_size=2,
-            ttt_steps=3,
-            eval_every=3,
-            checkpoint_every=3,
-            eval_max_samples=4,
-            sglang_version=SGLANG_VERSION,
-        )
-        p["dflash"].update(
-            max_steps=6,
-            batch_size=2,
-            eval_every=3,
-            checkpoint_every=3,
-            eval_max_samples=4,
-            sglang_version=SGLANG_VERSION,
-        )
+        for family in ("train", "dflash"):  # both drafters, the same short run
+            p[family].update(
+                max_steps=6,
+                batch_size=2,
+                eval_every=3,
+                checkpoint_every=3,
+                eval_max_samples=4,
+                sglang_version=SGLANG_VERSION,
+            )
+        p["train"]["ttt_steps"] = 3
         p["benchmark"].update(max_prompts=2, max_new_tokens=16, temperatures=[0.0])
 
     return edit
