@@ -250,7 +250,7 @@ class DFlashObjective(LoopObjective):
         self.eval_generator = torch.Generator().manual_seed(seed)
         # drawn eagerly: compiled, the objective is one graph from the anchors on (a generator
         # and a data-dependent count do not trace); wrapped here, not at import, which would
-        # import the compiler (a second of every stage's start-up)
+        # import the compiler into every stage's start-up (docs/performance.md, 2026-12-05)
         self.anchors = torch.compiler.disable(self.draw_anchors)
 
     def draw_anchors(self, batch: dict[str, Tensor]) -> Anchors:

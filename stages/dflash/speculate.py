@@ -36,7 +36,7 @@ from ..drafter.model import embed_tokens
 from ..drafter.speculate import Proposal, SpecResult, choose, speculative_generate
 from .model import DFlashDrafter
 
-if TYPE_CHECKING:  # the class alone imports transformers' model loading: a second of start-up
+if TYPE_CHECKING:  # the class imports transformers' model loading, slow for a type hint
     from transformers import PreTrainedModel
 
 

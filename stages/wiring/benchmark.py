@@ -52,7 +52,7 @@ from ..target_model.tokenizer import render_prompt
 from .engines import server_command, start_launched
 from .target import api_key, target_roles, target_tokenizer
 
-if TYPE_CHECKING:  # the class alone imports transformers' model loading: a second of start-up
+if TYPE_CHECKING:  # the class imports transformers' model loading, slow for a type hint
     from transformers import PreTrainedModel
 
 # One prompt decoded speculatively: (prompt, max_new_tokens, temperature, stop ids, generator).
