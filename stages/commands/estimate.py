@@ -7,6 +7,7 @@ inside `python -m stages.generate`). Reads params `target`, `generate` and the d
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated
 
@@ -17,10 +18,17 @@ from ..params.datasets import read_datasets
 from ..params.generate import GenerateParams
 from ..params.schema import PARAMS_FILE
 from ..params.target import TargetParams
+from ..runtime.files import write_json
 
 
 def main(
-    samples: Annotated[int, typer.Option(help="prompts timed per dataset")] = 32,
+    samples: Annotated[
+        int | None,
+        typer.Option(
+            help="prompts timed per dataset (default: the requests the engine generates "
+            "at once, so the sample loads the servers as the run will)"
+        ),
+    ] = None,
     params: Annotated[Path, typer.Option(help="the params file")] = PARAMS_FILE,
     prompts_dir: Annotated[Path, typer.Option(help="the prep stage's prompts")] = Path(
         "data/prompts"
@@ -28,11 +36,12 @@ def main(
     raw_dir: Annotated[Path, typer.Option(help="what generate has written so far")] = Path(
         "data/raw"
     ),
+    json_out: Annotated[
+        Path | None, typer.Option(help="also write the settings and projections here as JSON")
+    ] = None,
 ) -> None:
-    """Time `samples` prompts per dataset and project hours per dataset."""
+    """Time a sample of every dataset and project hours per dataset."""
     # imported here, not at the top: `eagle-pipeline --help` loads no engine
-    import pyarrow.parquet as pq
-
     from ..serving.monitor import project_hours, run_backlog
     from ..wiring.engines import make_engine, sampling_for
     from ..wiring.target import target_roles, target_tokenizer
@@ -40,39 +49,96 @@ def main(
     gen = GenerateParams.read(params)
     target = TargetParams.read(params)
     budgets = {n: d.generate.budget_tokens for n, d in read_datasets(params).items()}
-    picked = {}
-    for name in budgets:
-        path = prompts_dir / f"{name}.parquet"
+    paths = {name: prompts_dir / f"{name}.parquet" for name in budgets}
+    for path in paths.values():
         if not path.exists():
-            raise StageError(f"{path}: no prompts yet; run `dvc repro prep@{name}` first")
-        table = pq.read_table(path, columns=["sample_id", "prompt_ids"])
-        step = max(table.num_rows // samples, 1)
-        rows = table.take(list(range(0, table.num_rows, step))[:samples]).to_pylist()
-        picked[name] = [(r["sample_id"], r["prompt_ids"]) for r in rows]
+            raise StageError(f"{path}: no prompts yet; run `dvc repro prep@{path.stem}` first")
     tokenizer = target_tokenizer(target)
     engine = make_engine(gen, target, tokenizer)
-    rate, projections = project_hours(
+    per_dataset = samples or engine.slots
+    picked = {name: _spread(path, per_dataset) for name, path in paths.items()}
+    limits = engine.limits() if gen.engine == "sglang" else {}
+    print(f"[estimate] {engine.name}: {engine.slots} requests generated at once{_servers(gen)}")
+    for url, said in limits.items():
+        print(f"[estimate] {url} (/server_info): {_limits_line(said)}")
+    projections = project_hours(
         engine,
         sampling_for(gen, target_roles(target, tokenizer)),
         picked,
         {b.dataset: b for b in run_backlog(budgets, prompts_dir, raw_dir)},
+        engine.slots,
     )
+    _print_projections(projections)
+    notes = _queue_notes(projections, limits, gen)
+    for note in notes:
+        print(f"[estimate] {note}")
+    if json_out is not None:
+        settings = dict(engine=engine.name, slots=engine.slots, servers=limits)
+        rows = [dataclasses.asdict(p) for p in projections]
+        write_json(dict(settings=settings, datasets=rows, notes=notes), json_out)
+
+
+def _spread(path: Path, n: int) -> list[tuple[str, list[int]]]:
+    """`n` prompts spread evenly over the file (its first ones may all be alike)."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path, columns=["sample_id", "prompt_ids"])
+    step = max(table.num_rows // n, 1)
+    rows = table.take(list(range(0, table.num_rows, step))[:n]).to_pylist()
+    return [(r["sample_id"], r["prompt_ids"]) for r in rows]
+
+
+def _print_projections(projections) -> None:
+    from ..serving.monitor import clock_text
+
     print(
-        f"[estimate] {engine.name}: {rate:,.0f} generated tokens/s over "
-        f"{sum(p.samples for p in projections)} samples"
-    )
-    print(
-        f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean out':>10}{'tokens left':>14}{'hours':>9}"
+        f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean in':>9}{'mean out':>10}"
+        f"{'requests left':>15}{'tokens left':>14}{'time':>12}"
     )
     for p in projections:
         print(
-            f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_output_tokens:>10,.0f}"
-            f"{p.tokens_left:>14,.0f}{p.hours:>9.2f}"
+            f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_prompt_tokens:>9,.0f}"
+            f"{p.mean_output_tokens:>10,.0f}{p.requests_left:>15,}{p.tokens_left:>14,.0f}"
+            f"{clock_text(p.hours * 3600):>12}"
         )
-    print(
-        f"{'run':<24}{'':>8}{'':>8}{'':>10}{sum(p.tokens_left for p in projections):>14,.0f}"
-        f"{sum(p.hours for p in projections):>9.2f}"
-    )
+    tokens, hours = sum(p.tokens_left for p in projections), sum(p.hours for p in projections)
+    total = clock_text(hours * 3600)
+    print(f"{'run':<24}{'':>8}{'':>8}{'':>9}{'':>10}{'':>15}{tokens:>14,.0f}{total:>12}")
+    if hours:
+        print(f"[estimate] projected pace: {tokens / hours / 3600:,.0f} generated tokens/s")
+
+
+def _servers(gen: GenerateParams) -> str:
+    if gen.engine == "sglang":
+        urls = gen.sglang.urls if gen.sglang.launch is None else ["the launched server"]
+        return f" ({len(urls)} server(s) x generate.sglang.concurrency {gen.sglang.concurrency})"
+    return f" (generate.batch_size {gen.batch_size})"
+
+
+def _limits_line(said: dict) -> str:
+    context, kv = said.get("context_length"), said.get("kv_cache_tokens")
+    running = said.get("max_running_requests")
+    context_text = "the model's own" if context is None else f"{context:,}"
+    kv_text = "not reported" if kv is None else f"{kv:,} tokens"
+    running_text = "as many as the KV cache holds" if running is None else f"{running:,}"
+    return f"context length {context_text}, KV cache {kv_text}, max running requests {running_text}"
+
+
+def _queue_notes(projections, limits: dict[str, dict], gen: GenerateParams) -> list[str]:
+    """Where a server's KV cache holds fewer of a dataset's requests than it is sent at once:
+    the rest wait in its queue, which the timed latencies include."""
+    notes = []
+    for url, said in limits.items():
+        kv = said.get("kv_cache_tokens")
+        for p in projections:
+            per_request = p.mean_prompt_tokens + p.mean_output_tokens
+            if kv and per_request and kv / per_request < gen.sglang.concurrency:
+                notes.append(
+                    f"{p.dataset}: {url}'s KV cache holds about {kv / per_request:,.0f} of its "
+                    f"requests at once, under the {gen.sglang.concurrency} sent to it: the rest "
+                    f"queue in the server (the timed latencies include that wait)"
+                )
+    return notes
 
 
 if __name__ == "__main__":

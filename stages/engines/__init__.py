@@ -72,6 +72,7 @@ STALLED = "the request stream waits for a completion, but none is in flight"
 
 class Engine(Protocol):
     name: str
+    slots: int  # requests generated at once: a batch, or the requests in flight over all servers
 
     def generate(
         self, requests: Iterable[Request | None], sampling: Sampling

@@ -24,6 +24,7 @@ class HFEngine:
 
     def __init__(self, model, pad_id: int, batch_size: int = 16):
         self.model, self.pad_id, self.batch_size = model, pad_id, batch_size
+        self.slots = batch_size
         self.device = next(model.parameters()).device
         self.context = context_length(model)
 

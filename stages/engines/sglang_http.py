@@ -52,6 +52,14 @@ SERVED_FACTS = {
     "quantization": "quantization",
     "kv_cache_dtype": "kv_cache_dtype",
 }
+# What it says of its capacity: the longest sequence (None: the model's own), the tokens its KV
+# cache holds over all running requests (the scheduler's max_total_num_tokens) and the requests
+# it runs at once (None: as many as that cache holds).
+SERVED_LIMITS = {
+    "context_length": "context_length",
+    "kv_cache_tokens": "max_total_num_tokens",
+    "max_running_requests": "max_running_requests",
+}
 
 
 def get_json(url: str, api_key: str | None, timeout_s: float) -> object:
@@ -223,6 +231,7 @@ class SGLangEngine:
             raise ValueError(f"concurrency: {concurrency} must be at least 1")
         self.urls = [u.rstrip("/") for u in urls]
         self.concurrency, self.max_retries = concurrency, max_retries
+        self.slots = concurrency * len(self.urls)
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.backoff_s, self.backoff_max_s = backoff_s, backoff_max_s
         self.in_flight = dict.fromkeys(self.urls, 0)  # requests sent and not yet answered
@@ -258,11 +267,10 @@ class SGLangEngine:
                 wakeup.set_result(None)
 
         pending = iter(requests)
-        capacity = self.concurrency * len(self.urls)
         exhausted = False
         try:
             while True:
-                while not exhausted and len(tasks) < capacity:
+                while not exhausted and len(tasks) < self.slots:
                     request = next(pending, _END)
                     if request is _END:
                         exhausted = True
@@ -384,6 +392,14 @@ class SGLangEngine:
                 f"replies must come from one target; launch them alike"
             )
         return first
+
+    def limits(self) -> dict[str, dict]:
+        """Each server's SERVED_LIMITS (None where it does not say), by URL."""
+        return {
+            url: {name: info.get(key) for name, key in SERVED_LIMITS.items()}
+            for url in self.urls
+            for info in [server_info(url, self._api_key, self.connect_timeout_s)]
+        }
 
     def _redact(self, text: str) -> str:
         return redact(text, self._api_key)

@@ -10,7 +10,8 @@ cache use.
 
 from __future__ import annotations
 
-import itertools
+import heapq
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -176,8 +177,13 @@ def _eta(backlogs: list[Backlog], mean_output: float, rate: float) -> str:
         return "0:00:00"
     if rate <= 0:
         return "?"
-    seconds = int(sum(b.tokens(mean_output) for b in backlogs) / rate)
-    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+    return clock_text(sum(b.tokens(mean_output) for b in backlogs) / rate)
+
+
+def clock_text(seconds: float) -> str:
+    """h:mm:ss"""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
 
 
 @dataclass(frozen=True)
@@ -185,8 +191,10 @@ class Projection:
     dataset: str
     samples: int  # generated in the estimate
     failed: int
+    mean_prompt_tokens: float
     mean_output_tokens: float
     tokens_left: float  # projected: min(budget left, prompts left * mean output)
+    requests_left: int  # the requests that generate those tokens
     hours: float
 
 
@@ -195,35 +203,52 @@ def project_hours(
     sampling: Sampling,
     samples: dict[str, list[tuple[str, list[int]]]],
     backlogs: dict[str, Backlog],
-    clock: Callable[[], float] = time.monotonic,
-) -> tuple[float, list[Projection]]:
-    """Generate a sample of every dataset, mixed as one stream so the servers are loaded as in
-    a run; return generated tokens/s and each dataset's projected hours at that rate.
+    slots: int,
+) -> list[Projection]:
+    """Generate a sample of every dataset as the run does (one dataset after another, `slots`
+    requests in flight), then project each dataset's hours by replaying its sample's request
+    latencies over its backlog in `slots` slots.
 
-    A sample smaller than the engine's concurrency leaves servers idle and underestimates the
-    rate; the live monitor refines the ETA once the run is going."""
-    dataset_of = {sid: name for name, rows in samples.items() for sid, _ in rows}
-    mixed = [r for group in itertools.zip_longest(*samples.values()) for r in group if r]
-    lengths: dict[str, list[int]] = {name: [] for name in samples}
-    failed = dict.fromkeys(samples, 0)
-    start = clock()
-    for done in engine.generate(mixed, sampling):
-        name = dataset_of[done.sample_id]
-        lengths[name].append(len(done.output_ids))
-        failed[name] += done.finish_reason == "abort"
-    rate = sum(map(sum, lengths.values())) / max(clock() - start, 1e-9)
+    A sample's own tokens/s is the wrong rate to divide by: its requests start together and its
+    wall clock is mostly the longest reply, while a run keeps every slot busy until its last
+    requests. Each latency was measured with the server as loaded as the run's (a sample of at
+    least `slots` prompts; a smaller one overstates the speed of a loaded server)."""
     projections = []
-    for name, got in lengths.items():
-        mean = sum(got) / len(got) if got else 0.0
+    for name, rows in samples.items():
+        prompt_len = {sid: len(ids) for sid, ids in rows}
+        done = list(engine.generate(rows, sampling))
+        served = [c for c in done if c.finish_reason != "abort"]
+        mean = sum(len(c.output_ids) for c in served) / len(served) if served else 0.0
+        prompts = sum(prompt_len[c.sample_id] for c in served) / len(served) if served else 0.0
         tokens = backlogs[name].tokens(mean)
+        requests = math.ceil(tokens / mean) if mean else 0
+        seconds = makespan([c.latency_s for c in served], requests, slots)
         projections.append(
             Projection(
                 name,
-                len(got),
-                failed[name],
+                len(done),
+                len(done) - len(served),
+                round(prompts, 1),
                 round(mean, 1),
                 round(tokens),
-                tokens / rate / 3600 if rate else 0.0,
+                requests,
+                seconds / 3600,
             )
         )
-    return rate, projections
+    return projections
+
+
+def makespan(
+    latencies: list[float], requests: int, slots: int, exact_up_to: int = 100_000
+) -> float:
+    """Seconds until `requests` requests, taking `latencies` in turn, finish when each of
+    `slots` slots starts the next request as soon as its last one finishes. Past `exact_up_to`
+    requests the slots stay full: the rest adds its mean latency over `slots` each."""
+    if not latencies or requests <= 0:
+        return 0.0
+    simulated = min(requests, exact_up_to)
+    free = [0.0] * min(slots, simulated)  # when each slot is next free
+    for i in range(simulated):
+        heapq.heapreplace(free, free[0] + latencies[i % len(latencies)])
+    steady = (requests - simulated) * (sum(latencies) / len(latencies)) / slots
+    return max(free) + steady

@@ -339,6 +339,12 @@ class HFServer:
             raise RuntimeError("hf_server: no context length before the engine is loaded")
         return self.engine.context
 
+    @property
+    def kv_tokens(self) -> int:
+        """What it holds at once, as SGLang's max_total_num_tokens: every running request at
+        the full context (1 a request before the engine is loaded)."""
+        return self.max_running * (self.context_length if self.engine else 1)
+
     def start(self) -> HFServer:
         serve = functools.partial(self._httpd.serve_forever, poll_interval=0.05)  # fast stop
         for target in (serve, self._batch_loop):
@@ -480,6 +486,7 @@ class HFServer:
             "kv_cache_dtype": self.kv_cache_dtype,
             "max_running_requests": self.max_running,
             "context_length": self.context_length if self.engine else None,
+            "max_total_num_tokens": self.kv_tokens,
             **flags,
             "version": f"hf_server (transformers {transformers.__version__})",
             "api_key": self.api_key,  # SGLang's /server_info lists every server arg, this too
@@ -499,12 +506,11 @@ class HFServer:
         with self._lock:
             running, queued = self._running, self._jobs.qsize()
             used = sum(len(j.prompt) + j.sampling.max_new_tokens for j in self._active.values())
-        capacity = self.max_running * (self.context_length if self.engine else 1)
         label = f'{{model_name="{self.model_path}"}}'
         values = {
             "num_running_reqs": running,
             "num_queue_reqs": queued,
-            "token_usage": round(min(used / capacity, 1.0), 4),
+            "token_usage": round(min(used / self.kv_tokens, 1.0), 4),
             "gen_throughput": round(self._throughput, 2),
             "generation_tokens_total": self.stats["generated_tokens"],
         }
@@ -716,7 +722,12 @@ def main(argv: list[str] | None = None) -> None:
         "--hicache-size",
     ):
         gpu_only.add_argument(flag)
-    for flag in ("--enable-hierarchical-cache", "--enable-metrics", "--skip-tokenizer-init"):
+    for flag in (
+        "--enable-hierarchical-cache",
+        "--enable-metrics",
+        "--skip-tokenizer-init",
+        "--enable-deterministic-inference",
+    ):
         gpu_only.add_argument(flag, action="store_true")
     spec = parser.add_argument_group("speculative decoding, as SGLang: EAGLE3 chains (topk 1)")
     spec.add_argument("--speculative-algorithm")

@@ -1,30 +1,41 @@
 """The generate stage against the server's own pace: the same requests sent through the stage as
-users run it and through a bare concurrent /generate loop, output tokens/s of each, per target and
-concurrency, on one server.
+users run it and through a bare concurrent /generate loop, output tokens/s of each, per target,
+server kind and concurrency.
 
-    python -m tests.perf.bench_client_vs_bare [--targets demo llama-3.1-8b] [--concurrency 64 256]
-        [--requests-per-slot 4] [--max-new-tokens 128] [--json-out FILE]
+    python -m tests.perf.bench_client_vs_bare [--targets demo llama-3.1-8b]
+        [--servers deterministic ordinary] [--concurrency 64 256] [--requests-per-slot 4]
+        [--max-new-tokens 128] [--estimate-prompts DIR] [--json-out FILE]
 
-Per target one server is launched (`--module`, sglang.launch_server by default; on the device one
-bundle of ../shared/sglang-h200 importable) with the radix cache off, so that a run after another
-prefills the same prompts again. Then per concurrency c, c x --requests-per-slot prompts of random
-ids (lengths --prompt-lengths) are sent:
+Per target and server kind one server is launched (`--module`, sglang.launch_server by default;
+on the device one bundle of ../shared/sglang-h200 importable) with the radix cache off, so that a
+run after another prefills the same prompts again; `deterministic` adds
+--enable-deterministic-inference (batch-invariant kernels: greedy ids repeat whatever the batch),
+`ordinary` is the server users run. Then per concurrency c, c x --requests-per-slot prompts of
+random ids (lengths --prompt-lengths) are sent:
 
-- warm-up: the bare loop once, untimed (the server's kernels compile for these batch sizes);
+- warm-up: the bare loop over the first c prompts, untimed (kernels compile for these batches);
+- bare, before: an aiohttp loop holding c requests in flight, each the body the stage sends (the
+  same rid, ids and sampling values: engines/sglang_http.py `request_body`), nothing done with a
+  reply but counting it;
 - stage: `python -m stages.generate` in a process of its own, on a params file with engine sglang,
   the server's URL and concurrency c (resume bookkeeping, Parquet appends every append_every
   replies, the live monitor polling /metrics, the report): its own tokens/s (generation loop)
-  and the process's wall seconds (imports, tokenizer, compaction included);
-- bare: an aiohttp loop holding c requests in flight, each the body the stage sends (the same
-  rid, ids and sampling values: engines/sglang_http.py `request_body`), nothing done with a reply
-  but counting it.
+  and the process's wall seconds (imports, tokenizer, compaction: paid once a dataset);
+- bare, after: the same loop again (the server warms during a call: the ratio is taken against
+  the mean of both bare runs).
 
-Both runs must produce the same output ids per sample (greedy decoding of the same requests): the
-check that the two sent the same work. The warm-up's ids against the timed bare run's say whether
-the server itself repeats its greedy ids (`bare_repeatable`); where it does not, the check cannot
-tell, and the script says so. The llama-3.1-8b target is random weights of Llama-3.1-8B's
-shape (tests/perf/bench_extract.py SHAPES) saved in bf16 with the demo target's tokenizer, so
-replies run to max_new_tokens unless the random model emits a stop id.
+On the deterministic server the three runs must give the same output ids per sample, the proof
+that they did the same work; the script exits 1 where they do not. On the ordinary server ids are
+not compared (greedy ids there vary with the batch) and each run's token total is shown.
+
+--estimate-prompts DIR: on the first target's ordinary server, after its table, the estimate
+against the run (bench_estimate.compare): `python -m stages.commands.estimate` over the prompts
+files in DIR, then the generate stage over each dataset in turn, projected seconds against
+measured.
+
+The llama-3.1-8b target is random weights of Llama-3.1-8B's shape (tests/perf/bench_extract.py
+SHAPES) saved in bf16 with the demo target's tokenizer, so replies run to max_new_tokens unless
+the random model emits a stop id.
 """
 
 from __future__ import annotations
@@ -75,7 +86,9 @@ def build_llama_8b(out: Path, shape: str) -> Path:
     return out
 
 
-def write_random_prompts(path: Path, n: int, lengths: tuple[int, int], vocab: int) -> list[dict]:
+def write_random_prompts(
+    path: Path, n: int, lengths: tuple[int, int], vocab: int, dataset: str = DATASET
+) -> list[dict]:
     """`n` prompts of random ids (seeded; ids above the special tokens), in the prompts schema."""
     rng = random.Random(0)
     rows = []
@@ -83,8 +96,8 @@ def write_random_prompts(path: Path, n: int, lengths: tuple[int, int], vocab: in
         ids = [rng.randrange(64, vocab) for _ in range(rng.randint(*lengths))]
         rows.append(
             dict(
-                sample_id=f"{DATASET}/{i}",
-                dataset=DATASET,
+                sample_id=f"{dataset}/{i}",
+                dataset=dataset,
                 messages=json.dumps([{"role": "user", "content": f"random prompt {i}"}]),
                 tools=None,
                 prompt_ids=ids,
@@ -151,8 +164,11 @@ def run_bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict:
     return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, ids=ids)
 
 
-def measure(args, name: str, target: Path, work: Path) -> list[dict]:
-    """One server for `target`, then per concurrency: warm-up, the stage, the bare loop."""
+SERVERS = {"deterministic": ["--enable-deterministic-inference"], "ordinary": []}
+
+
+def measure(args, name: str, target: Path, kind: str, work: Path) -> list[dict]:
+    """One server of `kind` for `target`, then per concurrency: warm-up, bare, stage, bare."""
     target_params = TargetParams(path=str(target), device="cpu")
     tokenizer = target_tokenizer(target_params)
     roles = target_roles(target_params, tokenizer)
@@ -164,54 +180,75 @@ def measure(args, name: str, target: Path, work: Path) -> list[dict]:
         mem_fraction_static=args.mem_fraction,
         enable_metrics=True,
     )
-    command = launch_command(str(target), server_args, args.server_flags, module=args.module)
+    flags = [*args.server_flags, *SERVERS[kind]]
+    command = launch_command(str(target), server_args, flags, module=args.module)
     started = time.monotonic()
-    server = start_server(command, url, args.health_timeout_s, work / f"server-{name}.log")
-    print(f"[bench] {name}: server healthy in {time.monotonic() - started:.0f} s", flush=True)
+    server = start_server(command, url, args.health_timeout_s, work / f"server-{name}-{kind}.log")
+    print(
+        f"[bench] {name} {kind}: server healthy in {time.monotonic() - started:.0f} s", flush=True
+    )
     rows_out = []
     try:
         for c in args.concurrency:
-            cwork = work / f"{name}-c{c}"
+            cwork = work / f"{name}-{kind}-c{c}"
             cwork.mkdir(parents=True, exist_ok=True)
             prompts = cwork / "prompts.parquet"
             rows = write_random_prompts(
                 prompts, c * args.requests_per_slot, tuple(args.prompt_lengths), len(tokenizer)
             )
             params_file = stage_params(cwork, str(target), url, c, args.max_new_tokens)
-            gen = GenerateParams.read(params_file)
-            sampling = sampling_for(gen, roles)
-            warm = run_bare(url, rows, sampling, c)  # warm-up
+            sampling = sampling_for(GenerateParams.read(params_file), roles)
+            run_bare(url, rows[:c], sampling, c)  # warm-up
+            before = run_bare(url, rows, sampling, c)
             staged = run_stage(cwork, params_file, prompts)
-            bare = run_bare(url, rows, sampling, c)
-            report = staged["report"]
-            same = staged["ids"] == bare["ids"]
-            row = dict(
-                target=name,
-                concurrency=c,
-                requests=len(rows),
-                tokens=bare["tokens"],
-                bare_tokens_per_s=round(bare["tokens_per_s"], 1),
-                stage_tokens_per_s=report["tokens_per_s"],
-                stage_vs_bare=round(report["tokens_per_s"] / bare["tokens_per_s"], 3),
-                bare_wall_s=round(bare["wall_s"], 2),
-                stage_process_wall_s=round(staged["wall_s"], 2),
-                stage_process_tokens_per_s=round(report["tokens"] / staged["wall_s"], 1),
-                same_ids=same,
-                # the server's greedy ids from two bare runs of the same requests: when they
-                # differ (batch-dependent numerics), ids cannot show that both sent the same work
-                bare_repeatable=warm["ids"] == bare["ids"],
-                identical_rows=sum(staged["ids"].get(k) == v for k, v in bare["ids"].items()),
-            )
+            after = run_bare(url, rows, sampling, c)
+            row = table_row(name, kind, c, before, staged, after)
             print(f"[bench] {json.dumps(row)}", flush=True)
             rows_out.append(row)
+        if kind == "ordinary" and args.estimate_prompts and not args.estimated:
+            args.estimated = True
+            from tests.perf.bench_estimate import compare
+
+            rows_out.append(
+                compare(url, target, args.estimate_prompts, work / "estimate", args.concurrency[0])
+            )
     finally:
         server.stop()
     return rows_out
 
 
+def table_row(name: str, kind: str, c: int, before: dict, staged: dict, after: dict) -> dict:
+    """One line of the table: rates, the ratio against the bare runs' mean, and the ids."""
+    report = staged["report"]
+    bare = (before["tokens_per_s"] + after["tokens_per_s"]) / 2
+    row = dict(
+        target=name,
+        server=kind,
+        concurrency=c,
+        requests=len(before["ids"]),
+        bare_before_tokens_per_s=round(before["tokens_per_s"], 1),
+        bare_after_tokens_per_s=round(after["tokens_per_s"], 1),
+        stage_tokens_per_s=report["tokens_per_s"],
+        stage_vs_bare=round(report["tokens_per_s"] / bare, 3),
+        stage_process_wall_s=round(staged["wall_s"], 2),
+        stage_loop_s=round(report["tokens"] / report["tokens_per_s"], 2),
+        stage_process_tokens_per_s=round(report["tokens"] / staged["wall_s"], 1),
+        tokens=dict(
+            bare_before=before["tokens"], stage=report["tokens"], bare_after=after["tokens"]
+        ),
+    )
+    if kind == "deterministic":
+        row["identical_rows"] = sum(
+            staged["ids"].get(k) == v == after["ids"].get(k) for k, v in before["ids"].items()
+        )
+        row["same_ids"] = row["identical_rows"] == row["requests"] == len(staged["ids"])
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", nargs="+", default=["demo", "llama-3.1-8b"])
+    parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--requests-per-slot", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -220,33 +257,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--server-flags",
         nargs="*",
-        default=["--disable-radix-cache", "--disable-cuda-graph"],
-        help="more launch flags (the device's bundles lack deep_gemm: no CUDA graphs)",
+        default=["--disable-radix-cache", "--disable-cuda-graph", "--attention-backend", "triton"],
+        help="launch flags of both kinds (the device's bundles lack deep_gemm: no CUDA graphs; "
+        "triton attention, the one the deterministic mode takes there)",
     )
     parser.add_argument("--mem-fraction", type=float, default=0.8)
     parser.add_argument("--port", type=int, default=30200)
     parser.add_argument("--health-timeout-s", type=float, default=900)
     parser.add_argument("--shape", default="llama-3.1-8b", help="the random target's shape")
+    parser.add_argument("--estimate-prompts", type=Path, help="prompts files: the estimate vs run")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-client-vs-bare"))
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
+    args.estimated = "ordinary" not in args.servers
     args.work.mkdir(parents=True, exist_ok=True)
-    results = []
+    results: list[dict] = []
     for name in args.targets:
         target = DEMO_TARGET if name == "demo" else build_llama_8b(args.work / name, args.shape)
-        results += measure(args, name, target, args.work)
-    if args.json_out:
-        args.json_out.write_text(json.dumps(results, indent=2))
-    print("target  concurrency  bare tok/s  stage tok/s  stage/bare  same ids  bare repeatable")
-    for r in results:
+        for kind in args.servers:
+            results += measure(args, name, target, kind, args.work)
+            if args.json_out:  # after each server: a call cut short keeps what it measured
+                args.json_out.write_text(json.dumps(results, indent=2))
+    table = [r for r in results if "server" in r]
+    print(
+        "target  server  in flight  bare tok/s (before, after)  stage tok/s  stage/bare  "
+        "stage loop s  stage process s  tokens (bare, stage, bare)  same ids"
+    )
+    for r in table:
+        t = r["tokens"]
+        same = "not compared"
+        if "same_ids" in r:
+            same = f"{r['same_ids']} ({r['identical_rows']} of {r['requests']})"
         print(
-            f"{r['target']}  {r['concurrency']}  {r['bare_tokens_per_s']}  "
-            f"{r['stage_tokens_per_s']}  {r['stage_vs_bare']}  {r['same_ids']} "
-            f"({r['identical_rows']} of {r['requests']} rows)  {r['bare_repeatable']}"
+            f"{r['target']}  {r['server']}  {r['concurrency']}  "
+            f"{r['bare_before_tokens_per_s']}, {r['bare_after_tokens_per_s']}  "
+            f"{r['stage_tokens_per_s']}  {r['stage_vs_bare']}  {r['stage_loop_s']}  "
+            f"{r['stage_process_wall_s']}  {t['bare_before']}, {t['stage']}, {t['bare_after']}  "
+            f"{same}"
         )
-    if not all(r["bare_repeatable"] for r in results):
-        print("the server's greedy ids differ between two bare runs: no rate here is compared")
-    return 0 if all(r["same_ids"] for r in results) else 1
+    return 0 if all(r.get("same_ids", True) for r in table) else 1
 
 
 if __name__ == "__main__":

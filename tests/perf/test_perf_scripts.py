@@ -18,6 +18,7 @@ from tests.perf import (
     bench_extract,
     bench_extract_stage,
     bench_kimi_width,
+    bench_llama_stages,
     bench_merge,
     bench_multi_gpu,
     bench_train,
@@ -379,6 +380,53 @@ def test_bench_multi_gpu_compares_two_processes_with_one(tmp_path, capsys, monke
     assert all(number(r["tokens/s"]) > 0 for r in rows if r["tokens/s"] != "-")
 
 
+@pytest.mark.slow
+@pytest.mark.integration
+def test_bench_llama_stages_runs_each_engine_then_trains_on_the_compiled_features(tmp_path, capsys):
+    """The real extract stage with each hf engine and the train stage at batch 1 and 2, each a
+    process of its own: the same tokens stored by both engines, the packed attention they ran
+    (sdpa per sample in float32 on the CPU), the sglang engine skipped here with its reason, and
+    train with params.yaml's compile auto running eager on the CPU, on hf-compiled's features
+    (hf-eager's deleted)."""
+    work = tmp_path / "work"
+    args = ["--shape", "tiny", "--device", "cpu", "--engines", "hf-eager", "hf-compiled", "sglang"]
+    args += ["--samples", "8", "--length", "64", "--train-batches", "1", "2", "--train-steps", "5"]
+    args += ["--work", str(work), "--json-out", str(tmp_path / "stages.json")]
+    results = bench_llama_stages.main(args)
+    rows = printed_table(capsys.readouterr().out, "run")
+    assert [(r["run"], r["stage tok/s"] == "skipped") for r in rows] == [
+        ("extract hf-eager", False),
+        ("extract hf-compiled", False),
+        ("extract sglang", True),
+        ("train batch 1", False),
+        ("train batch 2", False),
+    ]
+    extract = results["extract"]
+    assert extract["sglang"] == {"skipped": "the sglang engine needs a GPU"}
+    assert results["tokens"] == (8 + 4) * 64  # the train and the eval split's samples
+    for name in ("hf-eager", "hf-compiled"):
+        e = extract[name]
+        assert e["tokens_per_s"] > 0 and 0 < e["wall_tokens_per_s"] < e["tokens_per_s"]
+        assert e["stored_tokens"] == e["extracted_tokens"] == e["tokens"] == results["tokens"]
+        assert e["bytes_per_token"] == 512  # aux [2, 4, 5] and last: 4 x 64 x bf16
+        assert e["attention"]["implementation"] == "eagle_pipeline_packed"
+        assert set(e["attention"]["packed_kernels"]) == {"_per_sample"}
+        assert e["peak_gib"] > 0
+    assert extract["hf-compiled"]["warmup_s"] > 10 * extract["hf-eager"]["warmup_s"]  # compiles
+    assert results["train_features"] == "hf-compiled"
+    assert "features" not in extract["hf-eager"] and not (work / "hidden-hf-eager").exists()
+    assert (work / "hidden-hf-compiled" / hidden.INDEX).exists()
+    assert [t["batch_size"] for t in results["train"]] == [1, 2]
+    for t in results["train"]:
+        assert (t["compiled"], t["compile_failed_at_step"], t["steps"]) == (False, None, 5)
+        assert t["tokens_per_s"] > 0 and t["warmup_s"] > 0 and t["padding_share"] == 0
+        train = yaml.safe_load((work / f"train-b{t['batch_size']}.yaml").read_text())["train"]
+        assert (train["compile"], train["fp8"], train["ttt_steps"]) == ("auto", False, 7)
+        assert train["batch_size"] == t["batch_size"]
+        assert not (work / f"train-b{t['batch_size']}" / "checkpoints").exists()
+    assert json.loads((tmp_path / "stages.json").read_text()) == json.loads(json.dumps(results))
+
+
 def test_bench_capture_noise_takes_the_difference_apart(capsys):
     """On the CPU the packed rows run each sample by itself: packing and reordering change
     nothing, and bf16 against fp32 grows with depth."""
@@ -424,18 +472,30 @@ def test_bench_demo_times_both_commits_and_compares_their_outputs(tmp_path, caps
 
 @pytest.mark.slow
 def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys):
-    """Against the CPU stand-in server: both clients get every reply, with the same ids."""
+    """Against the CPU stand-in server, both kinds: the bare runs and the stage get every reply,
+    with the same ids where they are compared; then the estimate against the run."""
+    prompts = tmp_path / "estimate-prompts"
+    prompts.mkdir()
+    for name, n in (("a", 4), ("b", 7)):
+        bench_client_vs_bare.write_random_prompts(
+            prompts / f"{name}.parquet", n, (4, 8), 200, dataset=name
+        )
     out = tmp_path / "results.json"
-    argv = ["--targets", "demo", "--concurrency", "2", "4", "--requests-per-slot", "2"]
+    argv = ["--targets", "demo", "--concurrency", "3", "--requests-per-slot", "2"]
     argv += ["--max-new-tokens", "6", "--prompt-lengths", "4", "8", "--server-flags"]
     argv += ["--module", "tests.doubles.hf_server", "--port", str(free_port())]
-    argv += ["--work", str(tmp_path), "--json-out", str(out)]
+    argv += ["--work", str(tmp_path), "--json-out", str(out), "--estimate-prompts", str(prompts)]
     assert bench_client_vs_bare.main(argv) == 0
-    rows = json.loads(out.read_text())
-    assert [(r["concurrency"], r["requests"], r["same_ids"]) for r in rows] == [
-        (2, 4, True),
-        (4, 8, True),
+    *rows, estimated = json.loads(out.read_text())
+    assert [(r["server"], r["concurrency"], r["requests"], r.get("same_ids")) for r in rows] == [
+        ("deterministic", 3, 6, True),
+        ("ordinary", 3, 6, None),
     ]
-    assert all(r["bare_repeatable"] and r["identical_rows"] == r["requests"] for r in rows)
-    assert all(r["stage_tokens_per_s"] > 0 and r["bare_tokens_per_s"] > 0 for r in rows)
+    for r in rows:
+        assert r["stage_tokens_per_s"] > 0 and r["bare_before_tokens_per_s"] > 0
+        assert r["tokens"]["stage"] == r["tokens"]["bare_before"] <= 6 * r["requests"]
+        assert 0 < r["stage_loop_s"] < r["stage_process_wall_s"]
+    assert [(r["dataset"], r["prompts"]) for r in estimated["datasets"]] == [("a", 4), ("b", 7)]
+    assert all(r["projected_s"] > 0 and r["loop_s"] > 0 for r in estimated["datasets"])
+    assert estimated["estimate"]["settings"]["slots"] == 3
     assert "stage/bare" in capsys.readouterr().out

@@ -4,6 +4,7 @@ projection."""
 from __future__ import annotations
 
 import io
+import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,7 +13,14 @@ import yaml
 
 from stages.commands import estimate
 from stages.engines import Completion, Sampling
-from stages.serving.monitor import Backlog, GenerationMonitor, backlog, parse_metrics, project_hours
+from stages.serving.monitor import (
+    Backlog,
+    GenerationMonitor,
+    backlog,
+    makespan,
+    parse_metrics,
+    project_hours,
+)
 from tests.rawdata import raw_row, write_raw
 
 
@@ -92,16 +100,62 @@ def test_backlog_from_prompts_and_raw_parts(tmp_path):
     assert Backlog("d", 3, 50).tokens(10) == 30 and Backlog("d", 3, 50).tokens(40) == 50
 
 
-def test_projected_hours_follow_the_measured_rate(hf_engine, prompts):
-    samples = {"a": prompts[:3], "b": prompts[3:5]}
-    backlogs = {"a": Backlog("a", 1000, 10**9), "b": Backlog("b", 10, 20)}
-    rate, projections = project_hours(hf_engine, Sampling(max_new_tokens=6), samples, backlogs)
-    by = {p.dataset: p for p in projections}
-    assert (by["a"].samples, by["b"].samples) == (3, 2)
-    assert by["a"].mean_output_tokens == by["b"].mean_output_tokens == 6  # no stop token
-    assert by["a"].tokens_left == 6000 and by["b"].tokens_left == 20  # budget-bound
-    for p in projections:
-        assert p.hours == pytest.approx(p.tokens_left / rate / 3600)
+class Timed:
+    """An engine whose requests take the latencies given, in turn, each `out` tokens long."""
+
+    name = "timed"
+
+    def __init__(self, latencies: list[float], out: int, slots: int):
+        self.latencies, self.out, self.slots = latencies, out, slots
+
+    def generate(self, requests, sampling):
+        for i, (sid, _) in enumerate(requests):
+            yield Completion(sid, [1] * self.out, "length", self.latencies[i % len(self.latencies)])
+
+
+def test_makespan_keeps_every_slot_busy_and_pays_the_longest_last():
+    assert makespan([2.0], requests=10, slots=4) == 6.0  # ceil(10 / 4) rounds of 2 s
+    assert makespan([10.0, 1.0, 1.0, 1.0], requests=4, slots=4) == 10.0  # one long reply
+    # 3 slots, durations 3,1,1,3,1,1: slot A 3; B 1 then 3 (ends 4); C 1, 1, 1 (ends 3)
+    assert makespan([3.0, 1.0, 1.0], requests=6, slots=3) == 4.0
+    # past the simulated requests, each adds its mean latency over the slots
+    assert makespan([2.0], requests=1010, slots=10, exact_up_to=1000) == 200.0 + 2.0
+    assert makespan([], requests=5, slots=2) == makespan([1.0], requests=0, slots=2) == 0.0
+
+
+def test_projection_replays_the_sample_latencies_over_the_backlog():
+    engine = Timed([4.0, 2.0], out=10, slots=2)
+    samples = {"a": [(f"a/{i}", [0] * 5) for i in range(4)], "b": [("b/0", [0] * 3)]}
+    backlogs = {"a": Backlog("a", 9, 10**9), "b": Backlog("b", 100, 35)}
+    by = {p.dataset: p for p in project_hours(engine, Sampling(10), samples, backlogs, 2)}
+    # a: 9 requests of 4, 2, 4, 2... s over 2 slots, each to the slot free first: ends at
+    # 4, 2 | 6, 6 | 10, 8 | 12, 12 | 16 (28 s of work over 2 slots, and a tail of 2)
+    assert (by["a"].samples, by["a"].requests_left, by["a"].tokens_left) == (4, 9, 90)
+    assert by["a"].hours * 3600 == pytest.approx(16.0)
+    assert by["a"].mean_prompt_tokens == 5 and by["a"].mean_output_tokens == 10
+    # b: the budget's 35 tokens are 4 replies of 10; b's sample only saw 4 s latencies
+    assert (by["b"].requests_left, by["b"].tokens_left) == (4, 35)
+    assert by["b"].hours * 3600 == pytest.approx(8.0)
+
+
+def test_projection_of_the_hf_engine_is_its_batches(hf_engine, prompts):
+    """Each completion of a batch carries the batch's time: N requests take ceil(N / batch)
+    batches."""
+    timed = []
+
+    class Recording:
+        name, slots = "hf", hf_engine.slots
+
+        def generate(self, requests, sampling):
+            for completion in hf_engine.generate(requests, sampling):
+                timed.append(completion.latency_s)
+                yield completion
+
+    backlogs = {"a": Backlog("a", 20, 10**9)}
+    (p,) = project_hours(Recording(), Sampling(6), {"a": prompts[:3]}, backlogs, hf_engine.slots)
+    assert p.mean_output_tokens == 6 and p.requests_left == 20  # no stop token
+    assert len(set(timed)) == 1 and hf_engine.slots == 8  # one batch of 3
+    assert p.hours * 3600 == pytest.approx(3 * timed[0])  # ceil(20 / 8) batches
 
 
 def test_estimate_cli(tmp_path, target, prompts_file, capsys):
@@ -129,6 +183,48 @@ def test_estimate_cli(tmp_path, target, prompts_file, capsys):
         samples=4, params=params, prompts_dir=prompts_file.parent, raw_dir=tmp_path / "raw"
     )
     out = capsys.readouterr().out
-    assert "generated tokens/s over 4 samples" in out
+    assert "[estimate] hf: 4 requests generated at once (generate.batch_size 4)" in out
     row = next(line.split() for line in out.splitlines() if line.startswith("t "))
-    assert row[:5] == ["t", "4", "0", "4", "48"]  # 12 prompts left * 4 tokens, under the budget
+    # 4 timed, 12 prompts left of 4 tokens each, under the budget, in 3 batches of 4
+    assert row[:3] + row[4:7] == ["t", "4", "0", "4", "12", "48"]
+
+
+@pytest.mark.integration
+def test_estimate_through_a_server_states_what_it_assumed(
+    tmp_path, serve, target, prompts_file, capsys
+):
+    server = serve(context_length=32, max_running_requests=2)
+    params = tmp_path / "params.yaml"
+    params.write_text(
+        yaml.safe_dump(
+            {
+                "target": {"path": target.path, "chat_template": target.chat_template},
+                "datasets": {"t": {"prep": {"format": "sharegpt", "path": "x"}, "generate": {}}},
+                "generate": {
+                    "engine": "sglang",
+                    "max_new_tokens": 4,
+                    "sglang": {"urls": [server.url], "concurrency": 3},
+                },
+            }
+        )
+    )
+    out_json = tmp_path / "estimate.json"
+    estimate.main(
+        params=params, prompts_dir=prompts_file.parent, raw_dir=tmp_path / "raw", json_out=out_json
+    )
+    out = capsys.readouterr().out
+    assert (
+        "sglang: 3 requests generated at once (1 server(s) x generate.sglang.concurrency 3)" in out
+    )
+    said = f"{server.url} (/server_info): context length 32, KV cache 64 tokens, max running "
+    assert f"[estimate] {said}requests 2" in out
+    written = json.loads(out_json.read_text())
+    assert written["settings"]["servers"] == {
+        server.url: {"context_length": 32, "kv_cache_tokens": 64, "max_running_requests": 2}
+    }
+    (row,) = written["datasets"]
+    assert row["samples"] == 3 and row["failed"] == 0  # the default sample: one per slot
+    per_request = row["mean_prompt_tokens"] + row["mean_output_tokens"]
+    assert 64 / per_request < 3  # the cache holds fewer of these than the 3 sent at once
+    (note,) = written["notes"]
+    assert note.startswith(f"t: {server.url}'s KV cache holds about {64 / per_request:,.0f} of")

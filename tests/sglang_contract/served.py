@@ -163,15 +163,27 @@ def routes(release: Release) -> frozenset[str]:
 
 @cache
 def server_info_keys(release: Release) -> frozenset[str]:
-    """/server_info: the resolved ServerArgs plus the literal keys its handler adds."""
+    """/server_info: the resolved ServerArgs, the literal keys its handler adds and the
+    scheduler's start-up info it spreads in (`Scheduler.get_init_info`: max_total_num_tokens)."""
     tree = _parse(release, "sglang.srt.entrypoints.http_server")
-    keys: set[str] = set(server_args_fields(release))
+    init_info = release.cls("sglang.srt.managers.scheduler", "Scheduler").method("get_init_info")
+    assert init_info is not None, f"SGLang {release.version}: Scheduler.get_init_info is gone"
+    keys: set[str] = set(server_args_fields(release)) | _dict_keys(init_info[1])
     for fn in ast.walk(tree):
         if isinstance(fn, ast.AsyncFunctionDef | ast.FunctionDef) and "server_info" in fn.name:
-            for node in ast.walk(fn):
-                if isinstance(node, ast.Dict):
-                    keys |= {k.value for k in node.keys if isinstance(k, ast.Constant)}
+            keys |= _dict_keys(fn)
     return frozenset(keys)
+
+
+def _dict_keys(tree: ast.AST) -> set[str]:
+    """The string keys of every dict literal in `tree`."""
+    return {
+        k.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Dict)
+        for k in node.keys
+        if isinstance(k, ast.Constant)
+    }
 
 
 @cache

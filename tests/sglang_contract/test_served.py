@@ -13,7 +13,7 @@ import pytest
 
 from stages.capture import served as served_hidden
 from stages.engines import Sampling
-from stages.engines.sglang_http import SERVED_FACTS, request_body
+from stages.engines.sglang_http import SERVED_FACTS, SERVED_LIMITS, request_body
 from stages.params.server import SGLangLaunchParams, SGLangServerArgs
 from stages.params.target import TargetParams
 from stages.serving import bench as sglang_bench
@@ -147,7 +147,8 @@ def test_launch_flags(release):
     assert not unknown, f"launch_server {release.version} has no flag(s) {sorted(unknown)}"
     unknown = set(sglang_bench.SPECULATIVE_FIELDS) - served.server_args_fields(release)
     assert not unknown, f"ServerArgs {release.version} has no field(s) {unknown}"
-    reported = {"version", *SERVED_FACTS.values(), *sglang_bench.SPECULATIVE_FIELDS}
+    reported = {"version", *SERVED_FACTS.values(), *SERVED_LIMITS.values()}
+    reported |= set(sglang_bench.SPECULATIVE_FIELDS)
     unknown = reported - served.server_info_keys(release)
     assert not unknown, f"/server_info of {release.version} reports no {unknown}"
     for spec in SPECULATIONS:  # what the served benchmark checks is what the release reports

@@ -1,0 +1,193 @@
+"""`eagle-pipeline estimate` against the run it projects, on one server: the estimate over a
+folder of prompts files, then the generate stage over each dataset in turn, projected seconds
+against measured.
+
+    python -m tests.perf.bench_estimate --prep ../shared/data --prompts DIR   # on any machine
+    python -m tests.perf.bench_estimate --prompts DIR [--target data/demo/target]
+        [--concurrency 64] [--max-new-tokens 512] [--module sglang.launch_server] [--json-out FILE]
+
+--prep DATA: the prep stage over the public samples in DATA (GSM8K, ShareGPT, Glaive, HumanEval;
+../shared/data/README.md), tokenised for --target, written to --prompts; no server.
+
+Otherwise one server of --target is launched (radix cache off: the estimate's sample does not
+warm the run's prefixes) and the comparison runs (`compare`):
+
+1. `python -m stages.commands.estimate --json-out` on a params file naming every prompts file
+   of the folder as a dataset (no token budget), engine sglang at --concurrency: each dataset's
+   projected hours, from a sample of one prompt per slot;
+2. `python -m stages.generate` over each dataset, one after another, as `dvc repro` runs them:
+   the generation loop's seconds (the report's tokens over its tokens/s) and the process's wall;
+3. per dataset, projected over measured seconds: within 15% is the goal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from stages.serving.launch import launch_command, start_server
+from tests.perf.real_sglang import ROOT, params, stage
+
+DEMO_TARGET = ROOT / "data/demo/target"
+# dataset -> (prep format, file under the data folder, prompts kept)
+PUBLIC = {
+    "gsm8k": ("gsm8k", "gsm8k/test.jsonl", 1319),
+    "sharegpt": ("sharegpt", "sharegpt/ShareGPT_V3_filtered_500.json", 500),
+    "glaive": ("glaive", "glaive/glaive_toolcall_en_demo.json", 300),
+    "humaneval": ("humaneval", "humaneval/HumanEval.jsonl.gz", 164),
+}
+GOAL = 0.15
+
+
+def prep(data: Path, out: Path, target: Path, work: Path) -> None:
+    """The prep stage over PUBLIC's files under `data`, prompts for `target` written to `out`."""
+
+    def change(p: dict) -> None:
+        p["target"].update(path=str(target), chat_template=None, device="cpu", dtype="auto")
+        p["datasets"] = {
+            name: dict(
+                prep=dict(format=fmt, path=str(data / path), max_samples=n, max_prompt_tokens=1024),
+                generate=dict(budget_tokens=10**12),
+            )
+            for name, (fmt, path, n) in PUBLIC.items()
+        }
+
+    params_file = params(work, "prep-params", change)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in PUBLIC:
+        args = ["--out", str(out / f"{name}.parquet"), "--report", str(work / f"prep-{name}.json")]
+        stage(work, f"prep-{name}", "stages.prep", name, *args, "--params", str(params_file))
+        print(f"[bench] prep {name}: {out / f'{name}.parquet'}", flush=True)
+
+
+def compare(
+    url: str, target: Path, prompts: Path, work: Path, concurrency: int, max_new: int = 512
+) -> dict:
+    """The estimate, then the run, of each prompts file in `prompts` on the server at `url`."""
+    work.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.stem for p in prompts.glob("*.parquet"))
+
+    def change(p: dict) -> None:
+        p["target"].update(path=str(target), chat_template=None, device="cpu", dtype="auto")
+        p["datasets"] = {
+            name: dict(prep=dict(format="sharegpt", path="-"), generate=dict(budget_tokens=10**12))
+            for name in names
+        }
+        p["generate"].update(engine="sglang", max_new_tokens=max_new, temperature=0.0)
+        p["generate"]["sglang"].update(urls=[url], concurrency=concurrency, launch=None)
+
+    params_file = str(params(work, "params", change))
+    projected_file = work / "estimate.json"
+    started = time.monotonic()
+    stage(
+        work,
+        "estimate",
+        "stages.commands.estimate",
+        *("--params", params_file, "--prompts-dir", str(prompts), "--raw-dir", str(work / "none")),
+        *("--json-out", str(projected_file)),
+        timeout_s=1800,
+    )
+    estimate_s = time.monotonic() - started
+    projected = json.loads(projected_file.read_text())
+    rows = []
+    for p in projected["datasets"]:
+        name = p["dataset"]
+        report = work / f"generate-{name}.json"
+        args = ["--prompts", str(prompts / f"{name}.parquet"), "--out", str(work / "raw" / name)]
+        started = time.monotonic()
+        stage(
+            work,
+            f"generate-{name}",
+            "stages.generate",
+            name,
+            *args,
+            "--report",
+            str(report),
+            "--params",
+            params_file,
+            timeout_s=3600,
+        )
+        wall = time.monotonic() - started
+        ran = json.loads(report.read_text())
+        loop_s = ran["tokens"] / ran["tokens_per_s"]
+        row = dict(
+            dataset=name,
+            prompts=ran["prompts"],
+            projected_tokens=p["tokens_left"],
+            tokens=ran["tokens"],
+            projected_s=round(p["hours"] * 3600, 1),
+            loop_s=round(loop_s, 1),
+            process_wall_s=round(wall, 1),
+            projected_vs_loop=round(p["hours"] * 3600 / loop_s, 3),
+        )
+        print(f"[bench] estimate {json.dumps(row)}", flush=True)
+        rows.append(row)
+    return dict(
+        estimate=dict(
+            settings=projected["settings"],
+            notes=projected["notes"],
+            estimate_s=round(estimate_s, 1),
+        ),
+        concurrency=concurrency,
+        max_new_tokens=max_new,
+        datasets=rows,
+        within_goal=all(abs(r["projected_vs_loop"] - 1) <= GOAL for r in rows),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=Path, required=True, help="a folder of prompts files")
+    parser.add_argument("--prep", type=Path, help="write --prompts from this data folder, and stop")
+    parser.add_argument("--target", type=Path, default=DEMO_TARGET)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--module", default="sglang.launch_server")
+    parser.add_argument(
+        "--server-flags", nargs="*", default=["--disable-radix-cache", "--disable-cuda-graph"]
+    )
+    parser.add_argument("--mem-fraction", type=float, default=0.8)
+    parser.add_argument("--port", type=int, default=30300)
+    parser.add_argument("--health-timeout-s", type=float, default=900)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/bench-estimate"))
+    parser.add_argument("--json-out", type=Path)
+    args = parser.parse_args(argv)
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.prep:
+        prep(args.prep, args.prompts, args.target, args.work)
+        return 0
+    url = f"http://127.0.0.1:{args.port}"
+    server_args = dict(
+        host="127.0.0.1",
+        port=args.port,
+        max_running_requests=args.concurrency,
+        mem_fraction_static=args.mem_fraction,
+        enable_metrics=True,
+    )
+    command = launch_command(str(args.target), server_args, args.server_flags, module=args.module)
+    server = start_server(command, url, args.health_timeout_s, args.work / "server.log")
+    try:
+        result = compare(
+            url, args.target, args.prompts, args.work, args.concurrency, args.max_new_tokens
+        )
+    finally:
+        server.stop()
+    if args.json_out:
+        args.json_out.write_text(json.dumps(result, indent=2))
+    print(
+        "dataset  prompts  tokens projected | generated  "
+        "seconds projected | loop | process  projected/loop"
+    )
+    for r in result["datasets"]:
+        print(
+            f"{r['dataset']}  {r['prompts']}  {r['projected_tokens']:,.0f} | {r['tokens']:,}  "
+            f"{r['projected_s']} | {r['loop_s']} | {r['process_wall_s']}  {r['projected_vs_loop']}"
+        )
+    return 0 if result["within_goal"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
