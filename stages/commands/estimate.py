@@ -25,8 +25,8 @@ def main(
     samples: Annotated[
         int | None,
         typer.Option(
-            help="prompts timed per dataset (default: the requests the engine generates "
-            "at once, so the sample loads the servers as the run will)"
+            help="prompts timed per dataset (default: 3 x the requests the engine generates "
+            "at once, so that its pace is timed with every slot busy, as in a run)"
         ),
     ] = None,
     params: Annotated[Path, typer.Option(help="the params file")] = PARAMS_FILE,
@@ -55,10 +55,13 @@ def main(
             raise StageError(f"{path}: no prompts yet; run `dvc repro prep@{path.stem}` first")
     tokenizer = target_tokenizer(target)
     engine = make_engine(gen, target, tokenizer)
-    per_dataset = samples or engine.slots
+    per_dataset = samples or 3 * engine.slots
     picked = {name: _spread(path, per_dataset) for name, path in paths.items()}
     limits = engine.limits() if gen.engine == "sglang" else {}
-    print(f"[estimate] {engine.name}: {engine.slots} requests generated at once{_servers(gen)}")
+    print(
+        f"[estimate] {engine.name}: {engine.slots} requests generated at once{_servers(gen)}; "
+        f"timing up to {per_dataset} prompts per dataset"
+    )
     for url, said in limits.items():
         print(f"[estimate] {url} (/server_info): {_limits_line(said)}")
     projections = project_hours(
@@ -93,19 +96,23 @@ def _print_projections(projections) -> None:
 
     print(
         f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean in':>9}{'mean out':>10}"
-        f"{'requests left':>15}{'tokens left':>14}{'time':>12}"
+        f"{'pace tok/s':>12}{'requests left':>15}{'tokens left':>14}{'time':>12}"
     )
     for p in projections:
+        pace = f"{p.tokens_per_s:,.0f}{'' if p.steady else '*'}"
         print(
             f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_prompt_tokens:>9,.0f}"
-            f"{p.mean_output_tokens:>10,.0f}{p.requests_left:>15,}{p.tokens_left:>14,.0f}"
-            f"{clock_text(p.hours * 3600):>12}"
+            f"{p.mean_output_tokens:>10,.0f}{pace:>12}{p.requests_left:>15,}"
+            f"{p.tokens_left:>14,.0f}{clock_text(p.hours * 3600):>12}"
         )
     tokens, hours = sum(p.tokens_left for p in projections), sum(p.hours for p in projections)
     total = clock_text(hours * 3600)
-    print(f"{'run':<24}{'':>8}{'':>8}{'':>9}{'':>10}{'':>15}{tokens:>14,.0f}{total:>12}")
-    if hours:
-        print(f"[estimate] projected pace: {tokens / hours / 3600:,.0f} generated tokens/s")
+    print(f"{'run':<24}{'':>8}{'':>8}{'':>9}{'':>10}{'':>12}{'':>15}{tokens:>14,.0f}{total:>12}")
+    if not all(p.steady for p in projections):
+        print(
+            "* the sample's own pace, its start and drain included: a sample of at most twice "
+            "the requests generated at once has no stretch with every slot busy; raise --samples"
+        )
 
 
 def _servers(gen: GenerateParams) -> str:

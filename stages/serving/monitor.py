@@ -10,7 +10,6 @@ cache use.
 
 from __future__ import annotations
 
-import heapq
 import math
 import sys
 import time
@@ -195,6 +194,10 @@ class Projection:
     mean_output_tokens: float
     tokens_left: float  # projected: min(budget left, prompts left * mean output)
     requests_left: int  # the requests that generate those tokens
+    tokens_per_s: float  # the pace the projection divides by
+    steady: bool  # the pace with every slot busy (else the whole sample's, start and drain in)
+    fill_s: float  # steady: until the first `slots` replies are in, while the servers fill up
+    drain_s: float  # steady: from the last request sent to the last reply
     hours: float
 
 
@@ -204,51 +207,73 @@ def project_hours(
     samples: dict[str, list[tuple[str, list[int]]]],
     backlogs: dict[str, Backlog],
     slots: int,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[Projection]:
     """Generate a sample of every dataset as the run does (one dataset after another, `slots`
-    requests in flight), then project each dataset's hours by replaying its sample's request
-    latencies over its backlog in `slots` slots.
+    requests in flight) and project each dataset's time from the pace kept while every slot
+    was busy.
 
-    A sample's own tokens/s is the wrong rate to divide by: its requests start together and its
-    wall clock is mostly the longest reply, while a run keeps every slot busy until its last
-    requests. Each latency was measured with the server as loaded as the run's (a sample of at
-    least `slots` prompts; a smaller one overstates the speed of a loaded server)."""
+    A run spends most of its time with every slot busy: only its first `slots` replies come
+    while the servers fill up, and its last `slots` while they drain. A sample of more than
+    2 x `slots` prompts has such a stretch, from its `slots`-th reply to the one that let its last
+    request go (the (n - slots)-th): the replies' tokens over that time are the run's pace, and
+    the sample's time before and after it the run's fill and drain. A sample's own tokens/s is no
+    such pace: its requests start together and its servers run ever emptier batches, faster per
+    request than a full one. A smaller sample's own rate stands in (`steady` false)."""
     projections = []
     for name, rows in samples.items():
         prompt_len = {sid: len(ids) for sid, ids in rows}
-        done = list(engine.generate(rows, sampling))
-        served = [c for c in done if c.finish_reason != "abort"]
+        start, replies = clock(), []
+        for done in engine.generate(rows, sampling):
+            replies.append((clock() - start, done))
+        served = [c for _, c in replies if c.finish_reason != "abort"]
         mean = sum(len(c.output_ids) for c in served) / len(served) if served else 0.0
         prompts = sum(prompt_len[c.sample_id] for c in served) / len(served) if served else 0.0
         tokens = backlogs[name].tokens(mean)
         requests = math.ceil(tokens / mean) if mean else 0
-        seconds = makespan([c.latency_s for c in served], requests, slots)
+        pace = _pace(replies, slots)
+        if pace.steady and requests >= 2 * slots:
+            seconds = pace.fill_s + (requests - 2 * slots) * mean / pace.rate + pace.drain_s
+        elif pace.steady:  # fewer than the sample's: the sample's own time, in proportion
+            seconds = replies[-1][0] * requests / len(replies)
+        else:
+            seconds = tokens / pace.rate if pace.rate else 0.0
         projections.append(
             Projection(
                 name,
-                len(done),
-                len(done) - len(served),
+                len(replies),
+                len(replies) - len(served),
                 round(prompts, 1),
                 round(mean, 1),
                 round(tokens),
                 requests,
+                round(pace.rate, 1),
+                pace.steady,
+                round(pace.fill_s, 2),
+                round(pace.drain_s, 2),
                 seconds / 3600,
             )
         )
     return projections
 
 
-def makespan(
-    latencies: list[float], requests: int, slots: int, exact_up_to: int = 100_000
-) -> float:
-    """Seconds until `requests` requests, taking `latencies` in turn, finish when each of
-    `slots` slots starts the next request as soon as its last one finishes. Past `exact_up_to`
-    requests the slots stay full: the rest adds its mean latency over `slots` each."""
-    if not latencies or requests <= 0:
-        return 0.0
-    simulated = min(requests, exact_up_to)
-    free = [0.0] * min(slots, simulated)  # when each slot is next free
-    for i in range(simulated):
-        heapq.heapreplace(free, free[0] + latencies[i % len(latencies)])
-    steady = (requests - simulated) * (sum(latencies) / len(latencies)) / slots
-    return max(free) + steady
+@dataclass(frozen=True)
+class Pace:
+    rate: float  # tokens/s
+    steady: bool
+    fill_s: float = 0.0
+    drain_s: float = 0.0
+
+
+def _pace(replies: list[tuple[float, Completion]], slots: int) -> Pace:
+    """Tokens/s from the `slots`-th reply to the (n - slots)-th, the seconds before and after;
+    for a sample of at most 2 x `slots`, its own tokens/s."""
+    n = len(replies)
+    tokens = [len(c.output_ids) for _, c in replies]
+    if n > 2 * slots:
+        first, last = replies[slots - 1][0], replies[n - slots - 1][0]
+        if last > first:
+            rate = sum(tokens[slots : n - slots]) / (last - first)
+            return Pace(rate, True, first, replies[-1][0] - last)
+    wall = replies[-1][0] if replies else 0.0
+    return Pace(sum(tokens) / wall if wall else 0.0, False)

@@ -4,7 +4,7 @@ server kind and concurrency.
 
     python -m tests.perf.bench_client_vs_bare [--targets demo llama-3.1-8b]
         [--servers deterministic ordinary] [--concurrency 64 256] [--requests-per-slot 4]
-        [--max-new-tokens 128] [--estimate-prompts DIR] [--json-out FILE]
+        [--max-new-tokens 128] [--estimate-prompts DIR] [--estimate-slots 32] [--json-out FILE]
 
 Per target and server kind one server is launched (`--module`, sglang.launch_server by default;
 on the device one bundle of ../shared/sglang-h200 importable) with the radix cache off, so that a
@@ -29,9 +29,9 @@ that they did the same work; the script exits 1 where they do not. On the ordina
 not compared (greedy ids there vary with the batch) and each run's token total is shown.
 
 --estimate-prompts DIR: on the first target's ordinary server, after its table, the estimate
-against the run (bench_estimate.compare): `python -m stages.commands.estimate` over the prompts
-files in DIR, then the generate stage over each dataset in turn, projected seconds against
-measured.
+against the run (bench_estimate.compare) at concurrency --estimate-slots: `python -m
+stages.commands.estimate` over the prompts files in DIR, then the generate stage over each
+dataset in turn, projected seconds against measured.
 
 The llama-3.1-8b target is random weights of Llama-3.1-8B's shape (tests/perf/bench_extract.py
 SHAPES) saved in bf16 with the demo target's tokenizer, so replies run to max_new_tokens unless
@@ -210,7 +210,7 @@ def measure(args, name: str, target: Path, kind: str, work: Path) -> list[dict]:
             from tests.perf.bench_estimate import compare
 
             rows_out.append(
-                compare(url, target, args.estimate_prompts, work / "estimate", args.concurrency[0])
+                compare(url, target, args.estimate_prompts, work / "estimate", args.estimate_slots)
             )
     finally:
         server.stop()
@@ -266,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--health-timeout-s", type=float, default=900)
     parser.add_argument("--shape", default="llama-3.1-8b", help="the random target's shape")
     parser.add_argument("--estimate-prompts", type=Path, help="prompts files: the estimate vs run")
+    parser.add_argument("--estimate-slots", type=int, default=32, help="its concurrency")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-client-vs-bare"))
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)

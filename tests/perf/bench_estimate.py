@@ -4,7 +4,7 @@ against measured.
 
     python -m tests.perf.bench_estimate --prep ../shared/data --prompts DIR   # on any machine
     python -m tests.perf.bench_estimate --prompts DIR [--target data/demo/target]
-        [--concurrency 64] [--max-new-tokens 512] [--module sglang.launch_server] [--json-out FILE]
+        [--concurrency 32] [--max-new-tokens 512] [--module sglang.launch_server] [--json-out FILE]
 
 --prep DATA: the prep stage over the public samples in DATA (GSM8K, ShareGPT, Glaive, HumanEval;
 ../shared/data/README.md), tokenised for --target, written to --prompts; no server.
@@ -14,7 +14,7 @@ warm the run's prefixes) and the comparison runs (`compare`):
 
 1. `python -m stages.commands.estimate --json-out` on a params file naming every prompts file
    of the folder as a dataset (no token budget), engine sglang at --concurrency: each dataset's
-   projected hours, from a sample of one prompt per slot;
+   projected hours, from its default sample (3 prompts per slot, spread over the file);
 2. `python -m stages.generate` over each dataset, one after another, as `dvc repro` runs them:
    the generation loop's seconds (the report's tokens over its tokens/s) and the process's wall;
 3. per dataset, projected over measured seconds: within 15% is the goal.
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=Path, required=True, help="a folder of prompts files")
     parser.add_argument("--prep", type=Path, help="write --prompts from this data folder, and stop")
     parser.add_argument("--target", type=Path, default=DEMO_TARGET)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--module", default="sglang.launch_server")
     parser.add_argument(

@@ -485,6 +485,7 @@ def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys
     argv += ["--max-new-tokens", "6", "--prompt-lengths", "4", "8", "--server-flags"]
     argv += ["--module", "tests.doubles.hf_server", "--port", str(free_port())]
     argv += ["--work", str(tmp_path), "--json-out", str(out), "--estimate-prompts", str(prompts)]
+    argv += ["--estimate-slots", "2"]
     assert bench_client_vs_bare.main(argv) == 0
     *rows, estimated = json.loads(out.read_text())
     assert [(r["server"], r["concurrency"], r["requests"], r.get("same_ids")) for r in rows] == [
@@ -497,5 +498,5 @@ def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys
         assert 0 < r["stage_loop_s"] < r["stage_process_wall_s"]
     assert [(r["dataset"], r["prompts"]) for r in estimated["datasets"]] == [("a", 4), ("b", 7)]
     assert all(r["projected_s"] > 0 and r["loop_s"] > 0 for r in estimated["datasets"])
-    assert estimated["estimate"]["settings"]["slots"] == 3
+    assert estimated["estimate"]["settings"]["slots"] == 2
     assert "stage/bare" in capsys.readouterr().out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,7 +18,6 @@ from stages.serving.monitor import (
     Backlog,
     GenerationMonitor,
     backlog,
-    makespan,
     parse_metrics,
     project_hours,
 )
@@ -100,62 +100,61 @@ def test_backlog_from_prompts_and_raw_parts(tmp_path):
     assert Backlog("d", 3, 50).tokens(10) == 30 and Backlog("d", 3, 50).tokens(40) == 50
 
 
-class Timed:
-    """An engine whose requests take the latencies given, in turn, each `out` tokens long."""
+class Batching:
+    """A continuous-batching server on a virtual clock: every step adds one token to each running
+    request and takes longer the more run (`base` + `per_request` x running seconds); a request
+    ends at its length, and the next waiting one starts at once."""
 
-    name = "timed"
+    name = "batching"
 
-    def __init__(self, latencies: list[float], out: int, slots: int):
-        self.latencies, self.out, self.slots = latencies, out, slots
+    def __init__(self, lengths: dict[str, int], slots: int, clock: Clock):
+        self.lengths, self.slots, self.clock = lengths, slots, clock
+        self.base, self.per_request = 0.02, 0.001
 
     def generate(self, requests, sampling):
-        for i, (sid, _) in enumerate(requests):
-            yield Completion(sid, [1] * self.out, "length", self.latencies[i % len(self.latencies)])
+        pending, running = iter(requests), {}  # sample id -> [tokens left, start]
+
+        def fill():
+            while len(running) < self.slots and (request := next(pending, None)):
+                running[request[0]] = [self.lengths[request[0]], self.clock.now]
+
+        fill()
+        while running:
+            self.clock.now += self.base + self.per_request * len(running)
+            for state in running.values():
+                state[0] -= 1
+            for sid in [sid for sid, (left, _) in running.items() if left == 0]:
+                latency = self.clock.now - running.pop(sid)[1]
+                yield Completion(sid, [1] * self.lengths[sid], "length", latency)
+                fill()
 
 
-def test_makespan_keeps_every_slot_busy_and_pays_the_longest_last():
-    assert makespan([2.0], requests=10, slots=4) == 6.0  # ceil(10 / 4) rounds of 2 s
-    assert makespan([10.0, 1.0, 1.0, 1.0], requests=4, slots=4) == 10.0  # one long reply
-    # 3 slots, durations 3,1,1,3,1,1: slot A 3; B 1 then 3 (ends 4); C 1, 1, 1 (ends 3)
-    assert makespan([3.0, 1.0, 1.0], requests=6, slots=3) == 4.0
-    # past the simulated requests, each adds its mean latency over the slots
-    assert makespan([2.0], requests=1010, slots=10, exact_up_to=1000) == 200.0 + 2.0
-    assert makespan([], requests=5, slots=2) == makespan([1.0], requests=0, slots=2) == 0.0
+def test_projection_is_the_pace_with_every_slot_busy():
+    """Against the run itself on the simulated server: 2,000 prompts of 20-400 tokens, 32 at
+    once, projected from a sample of 96 spread over them."""
+    rng = random.Random(0)
+    rows = [(f"d/{i}", [0] * rng.randint(50, 500)) for i in range(2000)]
+    lengths = {sid: rng.randint(20, 400) for sid, _ in rows}
+    clock = Clock()
+    run = Batching(lengths, 32, clock)
+    start = clock.now
+    generated = sum(len(c.output_ids) for c in run.generate(rows, Sampling(400)))
+    run_s = clock.now - start
+    sample = rows[:: len(rows) // 96][:96]
+    backlogs = {"d": Backlog("d", len(rows), 10**12)}
+    (p,) = project_hours(run, Sampling(400), {"d": sample}, backlogs, 32, clock=clock)
+    assert p.steady and p.samples == 96 and p.requests_left == len(rows)
+    assert p.tokens_left == pytest.approx(generated, rel=0.05)
+    assert p.hours * 3600 == pytest.approx(run_s, rel=0.05)
+    short = project_hours(run, Sampling(400), {"d": sample[:64]}, backlogs, 32, clock=clock)[0]
+    assert not short.steady and short.drain_s == 0.0  # 2 x 32: no stretch with every slot busy
 
 
-def test_projection_replays_the_sample_latencies_over_the_backlog():
-    engine = Timed([4.0, 2.0], out=10, slots=2)
-    samples = {"a": [(f"a/{i}", [0] * 5) for i in range(4)], "b": [("b/0", [0] * 3)]}
-    backlogs = {"a": Backlog("a", 9, 10**9), "b": Backlog("b", 100, 35)}
-    by = {p.dataset: p for p in project_hours(engine, Sampling(10), samples, backlogs, 2)}
-    # a: 9 requests of 4, 2, 4, 2... s over 2 slots, each to the slot free first: ends at
-    # 4, 2 | 6, 6 | 10, 8 | 12, 12 | 16 (28 s of work over 2 slots, and a tail of 2)
-    assert (by["a"].samples, by["a"].requests_left, by["a"].tokens_left) == (4, 9, 90)
-    assert by["a"].hours * 3600 == pytest.approx(16.0)
-    assert by["a"].mean_prompt_tokens == 5 and by["a"].mean_output_tokens == 10
-    # b: the budget's 35 tokens are 4 replies of 10; b's sample only saw 4 s latencies
-    assert (by["b"].requests_left, by["b"].tokens_left) == (4, 35)
-    assert by["b"].hours * 3600 == pytest.approx(8.0)
-
-
-def test_projection_of_the_hf_engine_is_its_batches(hf_engine, prompts):
-    """Each completion of a batch carries the batch's time: N requests take ceil(N / batch)
-    batches."""
-    timed = []
-
-    class Recording:
-        name, slots = "hf", hf_engine.slots
-
-        def generate(self, requests, sampling):
-            for completion in hf_engine.generate(requests, sampling):
-                timed.append(completion.latency_s)
-                yield completion
-
+def test_a_small_sample_stands_in_with_its_own_rate(hf_engine, prompts):
     backlogs = {"a": Backlog("a", 20, 10**9)}
-    (p,) = project_hours(Recording(), Sampling(6), {"a": prompts[:3]}, backlogs, hf_engine.slots)
-    assert p.mean_output_tokens == 6 and p.requests_left == 20  # no stop token
-    assert len(set(timed)) == 1 and hf_engine.slots == 8  # one batch of 3
-    assert p.hours * 3600 == pytest.approx(3 * timed[0])  # ceil(20 / 8) batches
+    (p,) = project_hours(hf_engine, Sampling(6), {"a": prompts[:3]}, backlogs, hf_engine.slots)
+    assert p.mean_output_tokens == 6 and p.requests_left == 20 and not p.steady  # no stop token
+    assert p.hours * 3600 == pytest.approx(p.tokens_left / p.tokens_per_s, rel=1e-3)
 
 
 def test_estimate_cli(tmp_path, target, prompts_file, capsys):
@@ -185,8 +184,10 @@ def test_estimate_cli(tmp_path, target, prompts_file, capsys):
     out = capsys.readouterr().out
     assert "[estimate] hf: 4 requests generated at once (generate.batch_size 4)" in out
     row = next(line.split() for line in out.splitlines() if line.startswith("t "))
-    # 4 timed, 12 prompts left of 4 tokens each, under the budget, in 3 batches of 4
-    assert row[:3] + row[4:7] == ["t", "4", "0", "4", "12", "48"]
+    # 4 timed, 12 prompts left of 4 tokens each, under the budget; 4 prompts are not more than
+    # 2 batches of 4: the sample's own pace stands in (*)
+    assert row[:3] + row[4:5] + row[6:8] == ["t", "4", "0", "4", "12", "48"]
+    assert row[5].endswith("*") and "raise --samples" in out
 
 
 @pytest.mark.integration
@@ -223,7 +224,7 @@ def test_estimate_through_a_server_states_what_it_assumed(
         server.url: {"context_length": 32, "kv_cache_tokens": 64, "max_running_requests": 2}
     }
     (row,) = written["datasets"]
-    assert row["samples"] == 3 and row["failed"] == 0  # the default sample: one per slot
+    assert row["samples"] == 9 and row["failed"] == 0  # the default sample: 3 per slot
     per_request = row["mean_prompt_tokens"] + row["mean_output_tokens"]
     assert 64 / per_request < 3  # the cache holds fewer of these than the 3 sent at once
     (note,) = written["notes"]
