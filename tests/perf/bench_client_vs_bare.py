@@ -4,7 +4,8 @@ server kind and concurrency.
 
     python -m tests.perf.bench_client_vs_bare [--targets demo llama-3.1-8b]
         [--servers deterministic ordinary] [--concurrency 64 256] [--requests-per-slot 4]
-        [--max-new-tokens 128] [--estimate-prompts DIR] [--estimate-slots 32] [--json-out FILE]
+        [--rounds 1] [--max-new-tokens 128] [--estimate-prompts DIR] [--estimate-slots 32]
+        [--json-out FILE]
 
 Per target and server kind one server is launched (`--module`, sglang.launch_server by default;
 on the device one bundle of ../shared/sglang-h200 importable) with the radix cache off, so that a
@@ -14,19 +15,23 @@ run after another prefills the same prompts again; `deterministic` adds
 random ids (lengths --prompt-lengths) are sent:
 
 - warm-up: the bare loop over the first c prompts, untimed (kernels compile for these batches);
-- bare, before: an aiohttp loop holding c requests in flight, each the body the stage sends (the
-  same rid, ids and sampling values: engines/sglang_http.py `request_body`), nothing done with a
+- bare: an aiohttp loop holding c requests in flight, each the body the stage sends (the same
+  rid, ids and sampling values: engines/sglang_http.py `request_body`), nothing done with a
   reply but counting it;
-- stage: `python -m stages.generate` in a process of its own, on a params file with engine sglang,
-  the server's URL and concurrency c (resume bookkeeping, Parquet appends every append_every
-  replies, the live monitor polling /metrics, the report): its own tokens/s (generation loop)
-  and the process's wall seconds (imports, tokenizer, compaction: paid once a dataset);
-- bare, after: the same loop again (the server warms during a call: the ratio is taken against
-  the mean of both bare runs).
+- then --rounds times: the stage, `python -m stages.generate` in a process of its own, on a
+  params file with engine sglang, the server's URL and concurrency c (resume bookkeeping, Parquet
+  appends every append_every replies, the live monitor polling /metrics, the report): its own
+  tokens/s (generation loop) and the process's wall seconds (imports, tokenizer, compaction:
+  paid once a dataset); and the bare loop again.
 
-On the deterministic server the three runs must give the same output ids per sample, the proof
-that they did the same work; the script exits 1 where they do not. On the ordinary server ids are
-not compared (greedy ids there vary with the batch) and each run's token total is shown.
+The ratio is the stage runs' median against the bare runs' (the server's pace moves during a
+call). Beside each run, the server's own decode rate in that run's time, from its log's decode
+lines at c - 1 or more running requests: where the server itself ran slower during the stage's
+runs, the client is not what differs.
+
+On the deterministic server every run must give the same output ids per sample, the proof that
+they did the same work; the script exits 1 where they do not. On the ordinary server ids are not
+compared (greedy ids there vary with the batch) and each run's token total is shown.
 
 --estimate-prompts DIR: on the first target's ordinary server, after its table, the estimate
 against the run (bench_estimate.compare) at concurrency --estimate-slots: `python -m
@@ -44,7 +49,9 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -131,12 +138,20 @@ def run_stage(work: Path, params_file: Path, prompts: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     report.unlink(missing_ok=True)
     args = [DATASET, "--prompts", str(prompts), "--out", str(out), "--report", str(report)]
-    start = time.monotonic()
+    start, began = time.monotonic(), time.time()
     stage(work, "generate", "stages.generate", *args, "--params", str(params_file), timeout_s=3600)
     wall = time.monotonic() - start
     table = pq.read_table(sorted(out.glob("part-*.parquet"))[0])
     ids = dict(zip(table.column("sample_id").to_pylist(), table.column("output_ids").to_pylist()))
-    return dict(report=json.loads(report.read_text()), wall_s=wall, ids=ids)
+    report_json = json.loads(report.read_text())
+    return dict(
+        report=report_json,
+        tokens=report_json["tokens"],
+        tokens_per_s=report_json["tokens_per_s"],
+        wall_s=wall,
+        window=(began, time.time()),
+        ids=ids,
+    )
 
 
 async def _bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict[str, list[int]]:
@@ -157,11 +172,34 @@ async def _bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict[
 
 
 def run_bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict:
-    start = time.monotonic()
+    start, began = time.monotonic(), time.time()
     ids = asyncio.run(_bare(url, rows, sampling, concurrency))
     wall = time.monotonic() - start
     tokens = sum(map(len, ids.values()))
-    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, ids=ids)
+    window = (began, time.time())
+    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, window=window, ids=ids)
+
+
+# SGLang's scheduler logs a decode line every few dozen steps (0.5.14-0.5.23):
+# [2026-12-05 19:06:56] Decode batch, #running-req: 255, ..., gen throughput (token/s): 6838.46, ...
+DECODE_LINE = re.compile(
+    r"^\[(?P<when>[\d-]+ [\d:]+)\] Decode batch, #running-req: (?P<running>\d+),"
+    r".*gen throughput \(token/s\): (?P<rate>[\d.]+)"
+)
+
+
+def server_decode_rate(log: Path, window: tuple[float, float], running: int) -> float | None:
+    """The median decode rate the server logged within `window` (epoch seconds, its log's local
+    time to the second) at `running` or more running requests; None where it logged none (the
+    first line of a run, which counts the idle time before it, is left out)."""
+    rates = []
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        if m := DECODE_LINE.match(line):
+            when = time.mktime(time.strptime(m["when"], "%Y-%m-%d %H:%M:%S"))
+            if window[0] <= when <= window[1] + 1 and int(m["running"]) >= running:
+                rates.append(float(m["rate"]))
+    rates = rates[1:]
+    return round(statistics.median(rates), 1) if rates else None
 
 
 SERVERS = {"deterministic": ["--enable-deterministic-inference"], "ordinary": []}
@@ -199,10 +237,14 @@ def measure(args, name: str, target: Path, kind: str, work: Path) -> list[dict]:
             params_file = stage_params(cwork, str(target), url, c, args.max_new_tokens)
             sampling = sampling_for(GenerateParams.read(params_file), roles)
             run_bare(url, rows[:c], sampling, c)  # warm-up
-            before = run_bare(url, rows, sampling, c)
-            staged = run_stage(cwork, params_file, prompts)
-            after = run_bare(url, rows, sampling, c)
-            row = table_row(name, kind, c, before, staged, after)
+            runs = [run_bare(url, rows, sampling, c)]
+            for _ in range(args.rounds):
+                runs += [run_stage(cwork, params_file, prompts), run_bare(url, rows, sampling, c)]
+            for run in runs:
+                run["server_decode_tokens_per_s"] = server_decode_rate(
+                    server.log_path, run["window"], c - 1
+                )
+            row = table_row(name, kind, c, runs)
             print(f"[bench] {json.dumps(row)}", flush=True)
             rows_out.append(row)
         if kind == "ordinary" and args.estimate_prompts and not args.estimated:
@@ -217,31 +259,32 @@ def measure(args, name: str, target: Path, kind: str, work: Path) -> list[dict]:
     return rows_out
 
 
-def table_row(name: str, kind: str, c: int, before: dict, staged: dict, after: dict) -> dict:
-    """One line of the table: rates, the ratio against the bare runs' mean, and the ids."""
-    report = staged["report"]
-    bare = (before["tokens_per_s"] + after["tokens_per_s"]) / 2
+def table_row(name: str, kind: str, c: int, runs: list[dict]) -> dict:
+    """One line of the table: each run's rates (bare and stage alternating, bare first and last),
+    the stage's median against the bare runs' median, the server's own decode rate per run, and
+    whether every run got the same ids."""
+    bare, staged = runs[0::2], runs[1::2]
+    bare_rate = statistics.median(r["tokens_per_s"] for r in bare)
+    stage_rate = statistics.median(r["tokens_per_s"] for r in staged)
     row = dict(
         target=name,
         server=kind,
         concurrency=c,
-        requests=len(before["ids"]),
-        bare_before_tokens_per_s=round(before["tokens_per_s"], 1),
-        bare_after_tokens_per_s=round(after["tokens_per_s"], 1),
-        stage_tokens_per_s=report["tokens_per_s"],
-        stage_vs_bare=round(report["tokens_per_s"] / bare, 3),
-        stage_process_wall_s=round(staged["wall_s"], 2),
-        stage_loop_s=round(report["tokens"] / report["tokens_per_s"], 2),
-        stage_process_tokens_per_s=round(report["tokens"] / staged["wall_s"], 1),
-        tokens=dict(
-            bare_before=before["tokens"], stage=report["tokens"], bare_after=after["tokens"]
-        ),
+        requests=len(bare[0]["ids"]),
+        bare_tokens_per_s=[round(r["tokens_per_s"], 1) for r in bare],
+        stage_tokens_per_s=[r["tokens_per_s"] for r in staged],
+        stage_vs_bare=round(stage_rate / bare_rate, 3),
+        server_decode_tokens_per_s=[r["server_decode_tokens_per_s"] for r in runs],
+        stage_process_wall_s=[round(r["wall_s"], 2) for r in staged],
+        stage_loop_s=[round(r["tokens"] / r["tokens_per_s"], 2) for r in staged],
+        tokens=[r["tokens"] for r in runs],
     )
     if kind == "deterministic":
+        first = bare[0]["ids"]
         row["identical_rows"] = sum(
-            staged["ids"].get(k) == v == after["ids"].get(k) for k, v in before["ids"].items()
+            all(r["ids"].get(k) == v for r in runs) for k, v in first.items()
         )
-        row["same_ids"] = row["identical_rows"] == row["requests"] == len(staged["ids"])
+        row["same_ids"] = row["identical_rows"] == row["requests"] == len(staged[0]["ids"])
     return row
 
 
@@ -251,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--servers", nargs="+", choices=list(SERVERS), default=list(SERVERS))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--requests-per-slot", type=int, default=4)
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="stage runs, each followed by a bare one"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompt-lengths", type=int, nargs=2, default=[64, 512])
     parser.add_argument("--module", default="sglang.launch_server")
@@ -281,20 +327,17 @@ def main(argv: list[str] | None = None) -> int:
                 args.json_out.write_text(json.dumps(results, indent=2))
     table = [r for r in results if "server" in r]
     print(
-        "target  server  in flight  bare tok/s (before, after)  stage tok/s  stage/bare  "
-        "stage loop s  stage process s  tokens (bare, stage, bare)  same ids"
+        "target  server  in flight  bare tok/s  stage tok/s  stage/bare  server decode tok/s  "
+        "stage loop s  stage process s  same ids"
     )
     for r in table:
-        t = r["tokens"]
         same = "not compared"
         if "same_ids" in r:
             same = f"{r['same_ids']} ({r['identical_rows']} of {r['requests']})"
         print(
-            f"{r['target']}  {r['server']}  {r['concurrency']}  "
-            f"{r['bare_before_tokens_per_s']}, {r['bare_after_tokens_per_s']}  "
-            f"{r['stage_tokens_per_s']}  {r['stage_vs_bare']}  {r['stage_loop_s']}  "
-            f"{r['stage_process_wall_s']}  {t['bare_before']}, {t['stage']}, {t['bare_after']}  "
-            f"{same}"
+            f"{r['target']}  {r['server']}  {r['concurrency']}  {r['bare_tokens_per_s']}  "
+            f"{r['stage_tokens_per_s']}  {r['stage_vs_bare']}  {r['server_decode_tokens_per_s']}  "
+            f"{r['stage_loop_s']}  {r['stage_process_wall_s']}  {same}"
         )
     return 0 if all(r.get("same_ids", True) for r in table) else 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import time
 
 import pytest
 import torch
@@ -131,8 +132,9 @@ def test_bench_train_compile_times_the_compiled_objective_after_its_check(
     rows = printed_table(out.split("1x32 fast path")[0], "batch")
     assert [(r["batch"], r["dtype"]) for r in rows] == [("1", "fp32 compiled")]
     assert number(rows[0]["tokens/s"]) > 0
-    # the first step compiles (seconds), the timed ones run the compiled graph (milliseconds)
-    assert number(rows[0]["first step s"]) > 10 * number(rows[0]["ms/step"]) / 1e3
+    # the first step compiles (seconds), the timed ones run the compiled graph: several times
+    # faster even when other work shares the cores (a loaded 2-core machine gave 5.9x)
+    assert number(rows[0]["first step s"]) > 4 * number(rows[0]["ms/step"]) / 1e3
     check = re.search(r"1x32 fast path vs float32 reference: loss rel diff ([0-9.e+-]+),", out)
     assert check and float(check[1]) < 1e-5, out
     assert out.index("tokens/s") < out.index("fast path vs float32")
@@ -213,8 +215,8 @@ def test_bench_extract_stage_times_the_forward_and_the_stage(tmp_path, capsys):
     assert 0 < t["last_writes_s"] < t["loop_s"]
     steady = s["extracted_tokens"] / (t["loop_s"] - t["last_writes_s"])
     assert number(rows[2]["tokens/s"]) == pytest.approx(steady, rel=1e-2)
-    assert results["stage_before_last_writes_vs_forward"] == pytest.approx(
-        steady / forward["tokens_per_s"], rel=1e-2
+    assert results["stage_before_last_writes_vs_forward"] == pytest.approx(  # 3 decimals
+        steady / forward["tokens_per_s"], rel=1e-2, abs=1e-3
     )
     assert s["shards"] >= 3 and s["shards_deleted"] == s["shards"] - 2
     assert len(hidden.shard_files(tmp_path / "w" / "hidden")) == 2
@@ -470,6 +472,35 @@ def test_bench_demo_times_both_commits_and_compares_their_outputs(tmp_path, caps
     assert (tmp_path / "head" / "reports" / "check.json").exists()
 
 
+def test_the_server_decode_rate_is_read_from_its_log_within_a_run(tmp_path):
+    """SGLang's own decode lines (0.5.17's words), the run's window in epoch seconds."""
+    log = tmp_path / "server.log"
+    lines = [
+        ("19:06:54", 255, 165.58),  # the run's first line: it counts the idle time before it
+        ("19:06:56", 255, 6838.46),
+        ("19:06:57", 200, 5000.0),  # fewer running than the run holds in flight
+        ("19:06:58", 255, 6938.76),
+        ("19:06:59", 256, 7000.0),
+        ("19:07:30", 256, 12000.0),  # after the run
+    ]
+    log.write_text(
+        "[2026-12-05 19:06:50] Prefill batch, #new-seq: 28, #new-token: 8192\n"
+        + "".join(
+            f"[2026-12-05 {t}] Decode batch, #running-req: {n}, #token: 74545, token usage: "
+            f"0.11, cuda graph: False, gen throughput (token/s): {rate}, #queue-req: 1\n"
+            for t, n, rate in lines
+        )
+    )
+
+    def at(clock: str) -> float:
+        return time.mktime(time.strptime(f"2026-12-05 {clock}", "%Y-%m-%d %H:%M:%S"))
+
+    window = (at("19:06:53"), at("19:07:00"))
+    assert bench_client_vs_bare.server_decode_rate(log, window, 255) == 6938.8  # of 3, rounded
+    assert bench_client_vs_bare.server_decode_rate(log, (at("19:08:00"), at("19:09:00")), 1) is None
+    assert bench_client_vs_bare.server_decode_rate(tmp_path / "none.log", window, 1) is None
+
+
 @pytest.mark.slow
 def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys):
     """Against the CPU stand-in server, both kinds: the bare runs and the stage get every reply,
@@ -481,7 +512,7 @@ def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys
             prompts / f"{name}.parquet", n, (4, 8), 200, dataset=name
         )
     out = tmp_path / "results.json"
-    argv = ["--targets", "demo", "--concurrency", "3", "--requests-per-slot", "2"]
+    argv = ["--targets", "demo", "--concurrency", "3", "--requests-per-slot", "2", "--rounds", "2"]
     argv += ["--max-new-tokens", "6", "--prompt-lengths", "4", "8", "--server-flags"]
     argv += ["--module", "tests.doubles.hf_server", "--port", str(free_port())]
     argv += ["--work", str(tmp_path), "--json-out", str(out), "--estimate-prompts", str(prompts)]
@@ -492,10 +523,14 @@ def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys
         ("deterministic", 3, 6, True),
         ("ordinary", 3, 6, None),
     ]
-    for r in rows:
-        assert r["stage_tokens_per_s"] > 0 and r["bare_before_tokens_per_s"] > 0
-        assert r["tokens"]["stage"] == r["tokens"]["bare_before"] <= 6 * r["requests"]
-        assert 0 < r["stage_loop_s"] < r["stage_process_wall_s"]
+    for r in rows:  # --rounds 2: bare, stage, bare, stage, bare
+        assert len(r["bare_tokens_per_s"]) == 3 and len(r["stage_tokens_per_s"]) == 2
+        assert all(rate > 0 for rate in r["bare_tokens_per_s"] + r["stage_tokens_per_s"])
+        assert len(set(r["tokens"])) == 1 and r["tokens"][0] <= 6 * r["requests"]
+        assert all(
+            0 < loop < wall for loop, wall in zip(r["stage_loop_s"], r["stage_process_wall_s"])
+        )
+        assert r["server_decode_tokens_per_s"] == [None] * 5  # the stand-in logs no decode lines
     assert [(r["dataset"], r["prompts"]) for r in estimated["datasets"]] == [("a", 4), ("b", 7)]
     assert all(r["projected_s"] > 0 and r["loop_s"] > 0 for r in estimated["datasets"])
     assert estimated["estimate"]["settings"]["slots"] == 2
