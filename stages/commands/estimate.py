@@ -19,6 +19,7 @@ from ..params.generate import GenerateParams
 from ..params.schema import PARAMS_FILE
 from ..params.target import TargetParams
 from ..runtime.files import write_json
+from ..runtime.progress import hms
 
 
 def main(
@@ -69,7 +70,6 @@ def main(
         sampling_for(gen, target_roles(target, tokenizer)),
         picked,
         {b.dataset: b for b in run_backlog(budgets, prompts_dir, raw_dir)},
-        engine.slots,
     )
     _print_projections(projections)
     notes = _queue_notes(projections, limits, gen)
@@ -92,8 +92,6 @@ def _spread(path: Path, n: int) -> list[tuple[str, list[int]]]:
 
 
 def _print_projections(projections) -> None:
-    from ..serving.monitor import clock_text
-
     print(
         f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean in':>9}{'mean out':>10}"
         f"{'pace tok/s':>12}{'requests left':>15}{'tokens left':>14}{'time':>12}"
@@ -103,10 +101,10 @@ def _print_projections(projections) -> None:
         print(
             f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_prompt_tokens:>9,.0f}"
             f"{p.mean_output_tokens:>10,.0f}{pace:>12}{p.requests_left:>15,}"
-            f"{p.tokens_left:>14,.0f}{clock_text(p.hours * 3600):>12}"
+            f"{p.tokens_left:>14,.0f}{hms(p.hours * 3600):>12}"
         )
     tokens, hours = sum(p.tokens_left for p in projections), sum(p.hours for p in projections)
-    total = clock_text(hours * 3600)
+    total = hms(hours * 3600)
     print(f"{'run':<24}{'':>8}{'':>8}{'':>9}{'':>10}{'':>12}{'':>15}{tokens:>14,.0f}{total:>12}")
     if not all(p.steady for p in projections):
         print(
@@ -133,7 +131,7 @@ def _limits_line(said: dict) -> str:
 
 def _queue_notes(projections, limits: dict[str, dict], gen: GenerateParams) -> list[str]:
     """Where a server's KV cache holds fewer of a dataset's requests than it is sent at once:
-    the rest wait in its queue, which the timed latencies include."""
+    the rest wait in its queue, which the timed pace includes."""
     notes = []
     for url, said in limits.items():
         kv = said.get("kv_cache_tokens")
@@ -143,7 +141,7 @@ def _queue_notes(projections, limits: dict[str, dict], gen: GenerateParams) -> l
                 notes.append(
                     f"{p.dataset}: {url}'s KV cache holds about {kv / per_request:,.0f} of its "
                     f"requests at once, under the {gen.sglang.concurrency} sent to it: the rest "
-                    f"queue in the server (the timed latencies include that wait)"
+                    f"queue in the server (the timed pace includes that wait)"
                 )
     return notes
 

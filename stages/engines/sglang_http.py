@@ -375,16 +375,7 @@ class SGLangEngine:
     def facts(self) -> dict:
         """What the servers report that shapes their tokens (SERVED_FACTS; None where a server
         does not say), the same for all of them: servers launched otherwise refuse the run."""
-        reported = {}
-        for url in self.urls:
-            try:
-                info = server_info(url, self._api_key, self.connect_timeout_s)
-            except httpx.HTTPError as err:
-                raise SGLangError(
-                    f"{url}/server_info: {type(err).__name__}: {self._redact(str(err))}. Check "
-                    f"that the servers ({', '.join(self.urls)}) are up"
-                ) from None
-            reported[url] = {name: info.get(key) for name, key in SERVED_FACTS.items()}
+        reported = self._reported(SERVED_FACTS)
         first = reported[self.urls[0]]
         if any(facts != first for facts in reported.values()):
             raise SGLangError(
@@ -395,11 +386,21 @@ class SGLangEngine:
 
     def limits(self) -> dict[str, dict]:
         """Each server's SERVED_LIMITS (None where it does not say), by URL."""
-        return {
-            url: {name: info.get(key) for name, key in SERVED_LIMITS.items()}
-            for url in self.urls
-            for info in [server_info(url, self._api_key, self.connect_timeout_s)]
-        }
+        return self._reported(SERVED_LIMITS)
+
+    def _reported(self, keys: dict[str, str]) -> dict[str, dict]:
+        """Each server's /server_info `keys` (ours: theirs), None where it does not say."""
+        reported = {}
+        for url in self.urls:
+            try:
+                info = server_info(url, self._api_key, self.connect_timeout_s)
+            except httpx.HTTPError as err:
+                raise SGLangError(
+                    f"{url}/server_info: {type(err).__name__}: {self._redact(str(err))}. Check "
+                    f"that the servers ({', '.join(self.urls)}) are up"
+                ) from None
+            reported[url] = {name: info.get(key) for name, key in keys.items()}
+        return reported
 
     def _redact(self, text: str) -> str:
         return redact(text, self._api_key)

@@ -44,10 +44,11 @@ class Progress:
         return (
             f"[{self.label}] {self.items}/{self.total_items} samples  "
             f"{self.tokens:,}{budget} tokens  {rate:,.0f} tok/s  "
-            f"elapsed {_hms(elapsed)}  eta {_hms(eta) if self.items else '?'}"
+            f"elapsed {hms(elapsed)}  eta {hms(eta) if self.items else '?'}"
         )
 
 
-def _hms(seconds: float) -> str:
+def hms(seconds: float) -> str:
+    """h:mm:ss"""
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"

@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from ..artifacts.raw import parts
 from ..engines import Completion, Sampling, bearer_headers
+from ..runtime.progress import hms
 
 
 @dataclass(frozen=True)
@@ -176,13 +177,7 @@ def _eta(backlogs: list[Backlog], mean_output: float, rate: float) -> str:
         return "0:00:00"
     if rate <= 0:
         return "?"
-    return clock_text(sum(b.tokens(mean_output) for b in backlogs) / rate)
-
-
-def clock_text(seconds: float) -> str:
-    """h:mm:ss"""
-    whole = int(seconds)
-    return f"{whole // 3600}:{whole % 3600 // 60:02d}:{whole % 60:02d}"
+    return hms(sum(b.tokens(mean_output) for b in backlogs) / rate)
 
 
 @dataclass(frozen=True)
@@ -206,12 +201,11 @@ def project_hours(
     sampling: Sampling,
     samples: dict[str, list[tuple[str, list[int]]]],
     backlogs: dict[str, Backlog],
-    slots: int,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[Projection]:
-    """Generate a sample of every dataset as the run does (one dataset after another, `slots`
-    requests in flight) and project each dataset's time from the pace kept while every slot
-    was busy.
+    """Generate a sample of every dataset as the run does (one dataset after another, the
+    engine's `slots` requests in flight) and project each dataset's time from the pace kept
+    while every slot was busy.
 
     A run spends most of its time with every slot busy: only its first `slots` replies come
     while the servers fill up, and its last `slots` while they drain. A sample of more than
@@ -220,7 +214,7 @@ def project_hours(
     the sample's time before and after it the run's fill and drain. A sample's own tokens/s is no
     such pace: its requests start together and its servers run ever emptier batches, faster per
     request than a full one. A smaller sample's own rate stands in (`steady` false)."""
-    projections = []
+    projections, slots = [], engine.slots
     for name, rows in samples.items():
         prompt_len = {sid: len(ids) for sid, ids in rows}
         start, replies = clock(), []

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import random
 import re
@@ -118,18 +119,38 @@ def write_random_prompts(
     return rows
 
 
-def stage_params(work: Path, target: str, url: str, concurrency: int, max_new: int) -> Path:
-    """params.yaml for one dataset generated through the server at `url`, with no budget limit."""
+def on_cpu_target(p: dict, target: Path | str) -> None:
+    """Params `p` read `target` as the generate stage's client does: its tokenizer, on the CPU."""
+    p["target"].update(path=str(target), chat_template=None, device="cpu", dtype="auto")
+
+
+def stage_params(
+    work: Path, target: str, url: str, concurrency: int, max_new: int, datasets=(DATASET,)
+) -> Path:
+    """params.yaml for `datasets` generated through the server at `url`, with no budget limit."""
 
     def change(p: dict) -> None:
         source = next(iter(p["datasets"].values()))
         source["generate"]["budget_tokens"] = 10**12
-        p["datasets"] = {DATASET: source}
-        p["target"].update(path=target, chat_template=None, device="cpu", dtype="auto")
+        p["datasets"] = {name: copy.deepcopy(source) for name in datasets}
+        on_cpu_target(p, target)
         p["generate"].update(engine="sglang", max_new_tokens=max_new, temperature=0.0)
         p["generate"]["sglang"].update(urls=[url], concurrency=concurrency, launch=None)
 
     return params(work, "params", change)
+
+
+def launch(args, target: Path, max_running: int, flags: list[str], log: Path):
+    """One server of `target` on --port (`--module`, --mem-fraction, metrics on), healthy."""
+    server_args = dict(
+        host="127.0.0.1",
+        port=args.port,
+        max_running_requests=max_running,
+        mem_fraction_static=args.mem_fraction,
+        enable_metrics=True,
+    )
+    command = launch_command(str(target), server_args, flags, module=args.module)
+    return start_server(command, f"http://127.0.0.1:{args.port}", args.health_timeout_s, log)
 
 
 def run_stage(work: Path, params_file: Path, prompts: Path) -> dict:
@@ -211,17 +232,9 @@ def measure(args, name: str, target: Path, kind: str, work: Path) -> list[dict]:
     tokenizer = target_tokenizer(target_params)
     roles = target_roles(target_params, tokenizer)
     url = f"http://127.0.0.1:{args.port}"
-    server_args = dict(
-        host="127.0.0.1",
-        port=args.port,
-        max_running_requests=max(args.concurrency),
-        mem_fraction_static=args.mem_fraction,
-        enable_metrics=True,
-    )
     flags = [*args.server_flags, *SERVERS[kind]]
-    command = launch_command(str(target), server_args, flags, module=args.module)
     started = time.monotonic()
-    server = start_server(command, url, args.health_timeout_s, work / f"server-{name}-{kind}.log")
+    server = launch(args, target, max(args.concurrency), flags, work / f"server-{name}-{kind}.log")
     print(
         f"[bench] {name} {kind}: server healthy in {time.monotonic() - started:.0f} s", flush=True
     )

@@ -28,10 +28,9 @@ import sys
 import time
 from pathlib import Path
 
-from stages.serving.launch import launch_command, start_server
-from tests.perf.real_sglang import ROOT, params, stage
+from tests.perf.bench_client_vs_bare import DEMO_TARGET, launch, on_cpu_target, stage_params
+from tests.perf.real_sglang import params, stage
 
-DEMO_TARGET = ROOT / "data/demo/target"
 # dataset -> (prep format, file under the data folder, prompts kept)
 PUBLIC = {
     "gsm8k": ("gsm8k", "gsm8k/test.jsonl", 1319),
@@ -46,7 +45,7 @@ def prep(data: Path, out: Path, target: Path, work: Path) -> None:
     """The prep stage over PUBLIC's files under `data`, prompts for `target` written to `out`."""
 
     def change(p: dict) -> None:
-        p["target"].update(path=str(target), chat_template=None, device="cpu", dtype="auto")
+        on_cpu_target(p, target)
         p["datasets"] = {
             name: dict(
                 prep=dict(format=fmt, path=str(data / path), max_samples=n, max_prompt_tokens=1024),
@@ -69,17 +68,7 @@ def compare(
     """The estimate, then the run, of each prompts file in `prompts` on the server at `url`."""
     work.mkdir(parents=True, exist_ok=True)
     names = sorted(p.stem for p in prompts.glob("*.parquet"))
-
-    def change(p: dict) -> None:
-        p["target"].update(path=str(target), chat_template=None, device="cpu", dtype="auto")
-        p["datasets"] = {
-            name: dict(prep=dict(format="sharegpt", path="-"), generate=dict(budget_tokens=10**12))
-            for name in names
-        }
-        p["generate"].update(engine="sglang", max_new_tokens=max_new, temperature=0.0)
-        p["generate"]["sglang"].update(urls=[url], concurrency=concurrency, launch=None)
-
-    params_file = str(params(work, "params", change))
+    params_file = str(stage_params(work, str(target), url, concurrency, max_new, names))
     projected_file = work / "estimate.json"
     started = time.monotonic()
     stage(
@@ -160,15 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         prep(args.prep, args.prompts, args.target, args.work)
         return 0
     url = f"http://127.0.0.1:{args.port}"
-    server_args = dict(
-        host="127.0.0.1",
-        port=args.port,
-        max_running_requests=args.concurrency,
-        mem_fraction_static=args.mem_fraction,
-        enable_metrics=True,
+    server = launch(
+        args, args.target, args.concurrency, args.server_flags, args.work / "server.log"
     )
-    command = launch_command(str(args.target), server_args, args.server_flags, module=args.module)
-    server = start_server(command, url, args.health_timeout_s, args.work / "server.log")
     try:
         result = compare(
             url, args.target, args.prompts, args.work, args.concurrency, args.max_new_tokens

@@ -142,17 +142,17 @@ def test_projection_is_the_pace_with_every_slot_busy():
     run_s = clock.now - start
     sample = rows[:: len(rows) // 96][:96]
     backlogs = {"d": Backlog("d", len(rows), 10**12)}
-    (p,) = project_hours(run, Sampling(400), {"d": sample}, backlogs, 32, clock=clock)
+    (p,) = project_hours(run, Sampling(400), {"d": sample}, backlogs, clock=clock)
     assert p.steady and p.samples == 96 and p.requests_left == len(rows)
     assert p.tokens_left == pytest.approx(generated, rel=0.05)
     assert p.hours * 3600 == pytest.approx(run_s, rel=0.05)
-    short = project_hours(run, Sampling(400), {"d": sample[:64]}, backlogs, 32, clock=clock)[0]
+    short = project_hours(run, Sampling(400), {"d": sample[:64]}, backlogs, clock=clock)[0]
     assert not short.steady and short.drain_s == 0.0  # 2 x 32: no stretch with every slot busy
 
 
 def test_a_small_sample_stands_in_with_its_own_rate(hf_engine, prompts):
     backlogs = {"a": Backlog("a", 20, 10**9)}
-    (p,) = project_hours(hf_engine, Sampling(6), {"a": prompts[:3]}, backlogs, hf_engine.slots)
+    (p,) = project_hours(hf_engine, Sampling(6), {"a": prompts[:3]}, backlogs)
     assert p.mean_output_tokens == 6 and p.requests_left == 20 and not p.steady  # no stop token
     assert p.hours * 3600 == pytest.approx(p.tokens_left / p.tokens_per_s, rel=1e-3)
 
