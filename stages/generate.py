@@ -168,7 +168,7 @@ def _generate_dataset(
 
     existing, budget, queue = planned(existing)
     fp = existing.column("fingerprint")[-1].as_py() if existing.num_rows else None
-    start = time.monotonic()
+    elapsed = 0.0
     with earlier.kept_unless_begun():
         if budget.used < budget.limit and queue.has_unsent():  # else no engine is started
             engine = engine or make_engine(gen, target, tokenizer)
@@ -181,6 +181,7 @@ def _generate_dataset(
             stamp = Stamp.of(engine.name, facts)
             fp = stamp.fingerprint
             monitor = _monitor(name, engine, queue, existing.num_rows, budget, others)
+            start = time.monotonic()
             _generate_turns(
                 engine,
                 queue,
@@ -192,10 +193,10 @@ def _generate_dataset(
                 lambda prompt, done: completion_row(prompt, done, roles, stamp, tokenizer),
                 earlier.begun,
             )
+            elapsed = time.monotonic() - start
             monitor.print()
         else:
             print(f"[generate {name}] nothing left to generate: no engine started")
-    elapsed = time.monotonic() - start
     table = _compacted(out_dir, wanted)
     engine_name = engine.name if engine else gen.engine
     return _report(name, fp, engine_name, table, wanted, existing, queue, budget, elapsed)

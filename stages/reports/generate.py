@@ -31,6 +31,7 @@ class GenerateReport(Report):
     budget_overshoot_tokens: int
     budget_reached: bool
     failed: int  # turns the engine aborted
+    # Over the generation loop alone: a server's start (`launch`) and the compaction aside.
     tokens_per_s: float | None  # None: this run generated nothing
     engine: str
     fingerprint: str | None  # None: no turn generated yet

@@ -25,9 +25,14 @@ random ids (lengths --prompt-lengths) are sent:
   paid once a dataset); and the bare loop again.
 
 The ratio is the stage runs' median against the bare runs' (the server's pace moves during a
-call). Beside each run, the server's own decode rate in that run's time, from its log's decode
-lines at c - 1 or more running requests: where the server itself ran slower during the stage's
-runs, the client is not what differs.
+call). Beside each run, two readings that tell the client's share from the server's:
+
+- the requests the server held on average, its replies' e2e_latency summed over the run's
+  seconds (the stage's: its loop's): where the stage holds fewer than the bare loop, it leaves
+  slots empty between a reply and the next request;
+- the server's own decode rate in that run's time, from its log's decode lines at c - 1 or more
+  running requests: where it ran slower during the stage's runs at equal occupancy, the client
+  is not what differs.
 
 On the deterministic server every run must give the same output ids per sample, the proof that
 they did the same work; the script exits 1 where they do not. On the ordinary server ids are not
@@ -165,6 +170,7 @@ def run_stage(work: Path, params_file: Path, prompts: Path) -> dict:
     table = pq.read_table(sorted(out.glob("part-*.parquet"))[0])
     ids = dict(zip(table.column("sample_id").to_pylist(), table.column("output_ids").to_pylist()))
     report_json = json.loads(report.read_text())
+    loop_s = report_json["tokens"] / report_json["tokens_per_s"]
     return dict(
         report=report_json,
         tokens=report_json["tokens"],
@@ -172,33 +178,43 @@ def run_stage(work: Path, params_file: Path, prompts: Path) -> dict:
         wall_s=wall,
         window=(began, time.time()),
         ids=ids,
+        mean_in_flight=sum(table.column("latency_s").to_pylist()) / loop_s,
     )
 
 
-async def _bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict[str, list[int]]:
+async def _bare(
+    url: str, rows: list[dict], sampling, concurrency: int
+) -> dict[str, tuple[list[int], float]]:
     slots = asyncio.Semaphore(concurrency)
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=3600)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
 
-        async def one(row: dict) -> tuple[str, list[int]]:
+        async def one(row: dict) -> tuple[str, tuple[list[int], float]]:
             body = request_body(row["sample_id"], row["prompt_ids"], sampling, 0)
             post = session.post(f"{url}/generate", json=body, headers=JSON_HEADERS)
             async with slots, post as r:
                 r.raise_for_status()
                 reply = await r.json()
-            return row["sample_id"], reply["output_ids"]
+            return row["sample_id"], (reply["output_ids"], reply["meta_info"]["e2e_latency"])
 
         return dict(await asyncio.gather(*(one(row) for row in rows)))
 
 
 def run_bare(url: str, rows: list[dict], sampling, concurrency: int) -> dict:
     start, began = time.monotonic(), time.time()
-    ids = asyncio.run(_bare(url, rows, sampling, concurrency))
+    replies = asyncio.run(_bare(url, rows, sampling, concurrency))
     wall = time.monotonic() - start
+    ids = {k: output for k, (output, _) in replies.items()}
     tokens = sum(map(len, ids.values()))
-    window = (began, time.time())
-    return dict(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, window=window, ids=ids)
+    return dict(
+        tokens=tokens,
+        wall_s=wall,
+        tokens_per_s=tokens / wall,
+        window=(began, time.time()),
+        ids=ids,
+        mean_in_flight=sum(latency for _, latency in replies.values()) / wall,
+    )
 
 
 # SGLang's scheduler logs a decode line every few dozen steps (0.5.14-0.5.23):
@@ -288,6 +304,7 @@ def table_row(name: str, kind: str, c: int, runs: list[dict]) -> dict:
         stage_tokens_per_s=[r["tokens_per_s"] for r in staged],
         stage_vs_bare=round(stage_rate / bare_rate, 3),
         server_decode_tokens_per_s=[r["server_decode_tokens_per_s"] for r in runs],
+        mean_in_flight=[round(r["mean_in_flight"], 1) for r in runs],
         stage_process_wall_s=[round(r["wall_s"], 2) for r in staged],
         stage_loop_s=[round(r["tokens"] / r["tokens_per_s"], 2) for r in staged],
         tokens=[r["tokens"] for r in runs],
@@ -341,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     table = [r for r in results if "server" in r]
     print(
         "target  server  in flight  bare tok/s  stage tok/s  stage/bare  server decode tok/s  "
-        "stage loop s  stage process s  same ids"
+        "mean in flight  stage loop s  stage process s  same ids"
     )
     for r in table:
         same = "not compared"
@@ -350,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['target']}  {r['server']}  {r['concurrency']}  {r['bare_tokens_per_s']}  "
             f"{r['stage_tokens_per_s']}  {r['stage_vs_bare']}  {r['server_decode_tokens_per_s']}  "
-            f"{r['stage_loop_s']}  {r['stage_process_wall_s']}  {same}"
+            f"{r['mean_in_flight']}  {r['stage_loop_s']}  {r['stage_process_wall_s']}  {same}"
         )
     return 0 if all(r.get("same_ids", True) for r in table) else 1
 

@@ -531,6 +531,7 @@ def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys
             0 < loop < wall for loop, wall in zip(r["stage_loop_s"], r["stage_process_wall_s"])
         )
         assert r["server_decode_tokens_per_s"] == [None] * 5  # the stand-in logs no decode lines
+        assert all(0 < held <= 3.05 for held in r["mean_in_flight"]), r["mean_in_flight"]
     assert [(r["dataset"], r["prompts"]) for r in estimated["datasets"]] == [("a", 4), ("b", 7)]
     assert all(r["projected_s"] > 0 and r["loop_s"] > 0 for r in estimated["datasets"])
     assert estimated["estimate"]["settings"]["slots"] == 2
