@@ -61,7 +61,8 @@ def main(
     limits = engine.limits() if gen.engine == "sglang" else {}
     print(
         f"[estimate] {engine.name}: {engine.slots} requests generated at once{_servers(gen)}; "
-        f"timing up to {per_dataset} prompts per dataset"
+        f"timing up to {per_dataset} prompts per dataset, after {engine.slots} untimed (a fresh "
+        f"server compiles its first kernels)"
     )
     for url, said in limits.items():
         print(f"[estimate] {url} (/server_info): {_limits_line(said)}")

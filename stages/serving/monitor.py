@@ -213,8 +213,13 @@ def project_hours(
     request go (the (n - slots)-th): the replies' tokens over that time are the run's pace, and
     the sample's time before and after it the run's fill and drain. A sample's own tokens/s is no
     such pace: its requests start together and its servers run ever emptier batches, faster per
-    request than a full one. A smaller sample's own rate stands in (`steady` false)."""
+    request than a full one. A smaller sample's own rate stands in (`steady` false).
+
+    The first dataset's first `slots` prompts go once untimed before any timing: a fresh server
+    compiles kernels for its first batches, which a run that lasts days pays once."""
     projections, slots = [], engine.slots
+    for _ in engine.generate(next(iter(samples.values()), [])[:slots], sampling):
+        pass
     for name, rows in samples.items():
         prompt_len = {sid: len(ids) for sid, ids in rows}
         start, replies = clock(), []

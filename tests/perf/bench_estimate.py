@@ -17,7 +17,8 @@ warm the run's prefixes) and the comparison runs (`compare`):
    projected hours, from its default sample (3 prompts per slot, spread over the file);
 2. `python -m stages.generate` over each dataset, one after another, as `dvc repro` runs them:
    the generation loop's seconds (the report's tokens over its tokens/s) and the process's wall;
-3. per dataset, projected over measured seconds: within 15% is the goal.
+3. per dataset, projected over measured seconds: within 15% is the goal; beside it what the
+   projection was made of (prompts timed, the pace, whether every slot was busy, fill and drain).
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ def compare(
             loop_s=round(loop_s, 1),
             process_wall_s=round(wall, 1),
             projected_vs_loop=round(p["hours"] * 3600 / loop_s, 3),
+            sampled=p["samples"],
+            pace_tokens_per_s=p["tokens_per_s"],
+            steady=p["steady"],
+            fill_s=p["fill_s"],
+            drain_s=p["drain_s"],
         )
         print(f"[bench] estimate {json.dumps(row)}", flush=True)
         rows.append(row)
