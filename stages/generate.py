@@ -181,8 +181,7 @@ def _generate_dataset(
             stamp = Stamp.of(engine.name, facts)
             fp = stamp.fingerprint
             monitor = _monitor(name, engine, queue, existing.num_rows, budget, others)
-            start = time.monotonic()
-            _generate_turns(
+            elapsed = _generate_turns(
                 engine,
                 queue,
                 sampling,
@@ -193,7 +192,6 @@ def _generate_dataset(
                 lambda prompt, done: completion_row(prompt, done, roles, stamp, tokenizer),
                 earlier.begun,
             )
-            elapsed = time.monotonic() - start
             monitor.print()
         else:
             print(f"[generate {name}] nothing left to generate: no engine started")
@@ -432,11 +430,13 @@ def _generate_turns(
     append_every: int,
     raw_row: Callable[[dict, Completion], dict],
     appended: Callable[[], None],
-) -> None:
+) -> float:
     """The engine's replies, counted against the budget as they come back, appended in raw parts
     of `append_every` turns (`appended` told after each): a kill loses at most one part's turns,
-    and when the servers give up the replies already back are kept."""
+    and when the servers give up the replies already back are kept. Returns its seconds, the
+    report's tokens/s (an engine's start and the compaction are not generating)."""
     buffer: list[dict] = []
+    start = time.monotonic()
 
     def flush() -> None:
         if buffer:
@@ -457,6 +457,7 @@ def _generate_turns(
         flush()
         raise
     flush()
+    return time.monotonic() - start
 
 
 def _compacted(out_dir: Path, wanted: pa.Array) -> pa.Table:
