@@ -15,7 +15,8 @@ from .conftest import make_drafter
 
 def test_inside_a_compiled_caller_the_parts_are_traced_not_compiled_apart(monkeypatch):
     """A part compiled on its own inside the compiled objective would cut its graph in pieces
-    (each recompiling per dtype and step, past the limit, then eager): 1.38x lost on an H200."""
+    (each recompiling per dtype and step, past the limit, then eager): the step's speed-up from
+    compiling lost (docs/performance.md)."""
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert compiled_on_gpu(rms_norm, True) is rms_norm
     assert model_module._flex_attention(True).__name__ == "flex_attention"

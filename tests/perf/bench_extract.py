@@ -4,8 +4,8 @@ given shape, in tokens/s and in achieved TFLOP/s against the dense bf16 peak.
     python -m tests.perf.bench_extract [--shape llama-3.1-8b|tiny] [--device auto|cpu|cuda]
         [--batches 1x2048 4x2048 8x2048] [--compile]
 
-Reference (SpecForge on one H200 at Llama-3.1-8B shapes): 34,500 tokens/s with HF
-eager, 42,300 with per-layer torch.compile; the goal is 80% of the bf16 peak. FLOPs counted are
+SpecForge's figures at these shapes, the goal (80% of the bf16 peak) and this script's own are in
+docs/performance.md. FLOPs counted are
 those the forward must do: 2 x decoder-layer weights per token (the embedding is a lookup and the
 LM head never runs) plus causal attention, 2 x layers x T^2 x heads x head_dim per sequence.
 
