@@ -158,6 +158,11 @@ def launch(args, target: Path, max_running: int, flags: list[str], log: Path):
     return start_server(command, f"http://127.0.0.1:{args.port}", args.health_timeout_s, log)
 
 
+def loop_seconds(report: dict) -> float:
+    """The generation loop's seconds, from a generate report: its tokens over its tokens/s."""
+    return report["tokens"] / report["tokens_per_s"]
+
+
 def run_stage(work: Path, params_file: Path, prompts: Path) -> dict:
     """The generate stage in a process of its own: its report, wall seconds and output ids."""
     out, report = work / "raw", work / "report.json"
@@ -170,11 +175,11 @@ def run_stage(work: Path, params_file: Path, prompts: Path) -> dict:
     table = pq.read_table(sorted(out.glob("part-*.parquet"))[0])
     ids = dict(zip(table.column("sample_id").to_pylist(), table.column("output_ids").to_pylist()))
     report_json = json.loads(report.read_text())
-    loop_s = report_json["tokens"] / report_json["tokens_per_s"]
+    loop_s = loop_seconds(report_json)
     return dict(
-        report=report_json,
         tokens=report_json["tokens"],
         tokens_per_s=report_json["tokens_per_s"],
+        loop_s=loop_s,
         wall_s=wall,
         window=(began, time.time()),
         ids=ids,
@@ -306,7 +311,7 @@ def table_row(name: str, kind: str, c: int, runs: list[dict]) -> dict:
         server_decode_tokens_per_s=[r["server_decode_tokens_per_s"] for r in runs],
         mean_in_flight=[round(r["mean_in_flight"], 1) for r in runs],
         stage_process_wall_s=[round(r["wall_s"], 2) for r in staged],
-        stage_loop_s=[round(r["tokens"] / r["tokens_per_s"], 2) for r in staged],
+        stage_loop_s=[round(r["loop_s"], 2) for r in staged],
         tokens=[r["tokens"] for r in runs],
     )
     if kind == "deterministic":

@@ -29,7 +29,13 @@ import sys
 import time
 from pathlib import Path
 
-from tests.perf.bench_client_vs_bare import DEMO_TARGET, launch, on_cpu_target, stage_params
+from tests.perf.bench_client_vs_bare import (
+    DEMO_TARGET,
+    launch,
+    loop_seconds,
+    on_cpu_target,
+    stage_params,
+)
 from tests.perf.real_sglang import params, stage
 
 # dataset -> (prep format, file under the data folder, prompts kept)
@@ -102,7 +108,7 @@ def compare(
         )
         wall = time.monotonic() - started
         ran = json.loads(report.read_text())
-        loop_s = ran["tokens"] / ran["tokens_per_s"]
+        loop_s = loop_seconds(ran)
         row = dict(
             dataset=name,
             prompts=ran["prompts"],
