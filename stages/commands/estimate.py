@@ -21,6 +21,8 @@ from ..params.target import TargetParams
 from ..runtime.files import write_json
 from ..runtime.progress import hms
 
+REPLAY_TOLERANCE = 0.15  # the fitted server's time over the sample against its measured time
+
 
 def main(
     samples: Annotated[
@@ -43,7 +45,8 @@ def main(
 ) -> None:
     """Time a sample of every dataset and project hours per dataset."""
     # imported here, not at the top: `eagle-pipeline --help` loads no engine
-    from ..serving.monitor import project_hours, run_backlog
+    from ..serving.monitor import run_backlog
+    from ..serving.projection import project_hours
     from ..wiring.engines import make_engine, sampling_for
     from ..wiring.target import target_roles, target_tokenizer
 
@@ -73,7 +76,7 @@ def main(
         {b.dataset: b for b in run_backlog(budgets, prompts_dir, raw_dir)},
     )
     _print_projections(projections)
-    notes = _queue_notes(projections, limits, gen)
+    notes = _notes(projections, limits, gen)
     for note in notes:
         print(f"[estimate] {note}")
     if json_out is not None:
@@ -96,21 +99,27 @@ def _print_projections(projections) -> None:
     print(
         f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean in':>9}{'mean out':>10}"
         f"{'pace tok/s':>12}{'requests left':>15}{'tokens left':>14}{'time':>12}"
+        f"{'10-90%':>22}"
     )
     for p in projections:
-        pace = f"{p.tokens_per_s:,.0f}{'' if p.steady else '*'}"
+        pace = f"{p.tokens_per_s:,.0f}{'' if p.busy_s else '*'}"
+        spread = f"{hms(p.hours_low * 3600)}-{hms(p.hours_high * 3600)}"
         print(
             f"{p.dataset:<24}{p.samples:>8}{p.failed:>8}{p.mean_prompt_tokens:>9,.0f}"
             f"{p.mean_output_tokens:>10,.0f}{pace:>12}{p.requests_left:>15,}"
-            f"{p.tokens_left:>14,.0f}{hms(p.hours * 3600):>12}"
+            f"{p.tokens_left:>14,.0f}{hms(p.hours * 3600):>12}{spread:>22}"
         )
     tokens, hours = sum(p.tokens_left for p in projections), sum(p.hours for p in projections)
     total = hms(hours * 3600)
     print(f"{'run':<24}{'':>8}{'':>8}{'':>9}{'':>10}{'':>12}{'':>15}{tokens:>14,.0f}{total:>12}")
-    if not all(p.steady for p in projections):
+    print(
+        "pace: the fitted server's tokens/s with every slot busy; time: the median over redraws "
+        "of the sample, 10-90%: their range"
+    )
+    if not all(p.busy_s for p in projections):
         print(
-            "* the sample's own pace, its start and drain included: a sample of at most twice "
-            "the requests generated at once has no stretch with every slot busy; raise --samples"
+            "* the sample never had every slot busy: its pace is extrapolated from fewer "
+            "requests in flight; raise --samples"
         )
 
 
@@ -130,10 +139,18 @@ def _limits_line(said: dict) -> str:
     return f"context length {context_text}, KV cache {kv_text}, max running requests {running_text}"
 
 
-def _queue_notes(projections, limits: dict[str, dict], gen: GenerateParams) -> list[str]:
-    """Where a server's KV cache holds fewer of a dataset's requests than it is sent at once:
-    the rest wait in its queue, which the timed pace includes."""
+def _notes(projections, limits: dict[str, dict], gen: GenerateParams) -> list[str]:
+    """Where the fitted server does not replay its own sample, and where a server's KV cache
+    holds fewer of a dataset's requests than it is sent at once (the rest wait in its queue,
+    which the timed sample includes)."""
     notes = []
+    for p in projections:
+        if p.sample_s and abs(p.replayed_s / p.sample_s - 1) > REPLAY_TOLERANCE:
+            notes.append(
+                f"{p.dataset}: the fitted server replays the sample in {p.replayed_s:,.1f} s, "
+                f"against {p.sample_s:,.1f} s measured: the servers' steps do not follow the "
+                f"requests in flight, and the projection is less sure than its range says"
+            )
     for url, said in limits.items():
         kv = said.get("kv_cache_tokens")
         for p in projections:
@@ -142,7 +159,7 @@ def _queue_notes(projections, limits: dict[str, dict], gen: GenerateParams) -> l
                 notes.append(
                     f"{p.dataset}: {url}'s KV cache holds about {kv / per_request:,.0f} of its "
                     f"requests at once, under the {gen.sglang.concurrency} sent to it: the rest "
-                    f"queue in the server (the timed pace includes that wait)"
+                    f"queue in the server (the timed sample includes that wait)"
                 )
     return notes
 

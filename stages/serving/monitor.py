@@ -1,6 +1,5 @@
 """How far a generation run is and how long it will take: live lines while a dataset generates,
-and the projection from a short timed sample (`python -m stages.commands.estimate`) before
-committing GPUs for days.
+and what each dataset has left (the estimate's projection, `projection.py`, reads it too).
 
 The live line shows samples done, generated tokens/s, completions/min, mean output length,
 failures, and the ETA of the dataset and of the whole run against the budgets;
@@ -10,7 +9,6 @@ cache use.
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -23,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..artifacts.raw import parts
-from ..engines import Completion, Sampling, bearer_headers
+from ..engines import Completion, bearer_headers
 from ..runtime.progress import hms
 
 
@@ -178,101 +176,3 @@ def _eta(backlogs: list[Backlog], mean_output: float, rate: float) -> str:
     if rate <= 0:
         return "?"
     return hms(sum(b.tokens(mean_output) for b in backlogs) / rate)
-
-
-@dataclass(frozen=True)
-class Projection:
-    dataset: str
-    samples: int  # generated in the estimate
-    failed: int
-    mean_prompt_tokens: float
-    mean_output_tokens: float
-    tokens_left: float  # projected: min(budget left, prompts left * mean output)
-    requests_left: int  # the requests that generate those tokens
-    tokens_per_s: float  # the pace the projection divides by
-    steady: bool  # the pace with every slot busy (else the whole sample's, start and drain in)
-    fill_s: float  # steady: until the first `slots` replies are in, while the servers fill up
-    drain_s: float  # steady: from the last request sent to the last reply
-    hours: float
-
-
-def project_hours(
-    engine,
-    sampling: Sampling,
-    samples: dict[str, list[tuple[str, list[int]]]],
-    backlogs: dict[str, Backlog],
-    clock: Callable[[], float] = time.monotonic,
-) -> list[Projection]:
-    """Generate a sample of every dataset as the run does (one dataset after another, the
-    engine's `slots` requests in flight) and project each dataset's time from the pace kept
-    while every slot was busy.
-
-    A run spends most of its time with every slot busy: only its first `slots` replies come
-    while the servers fill up, and its last `slots` while they drain. A sample of more than
-    2 x `slots` prompts has such a stretch, from its `slots`-th reply to the one that let its last
-    request go (the (n - slots)-th): the replies' tokens over that time are the run's pace, and
-    the sample's time before and after it the run's fill and drain. A sample's own tokens/s is no
-    such pace: its requests start together and its servers run ever emptier batches, faster per
-    request than a full one. A smaller sample's own rate stands in (`steady` false).
-
-    The first dataset's first `slots` prompts go once untimed before any timing: a fresh server
-    compiles kernels for its first batches, which a run that lasts days pays once."""
-    projections, slots = [], engine.slots
-    for _ in engine.generate(next(iter(samples.values()), [])[:slots], sampling):
-        pass
-    for name, rows in samples.items():
-        prompt_len = {sid: len(ids) for sid, ids in rows}
-        start, replies = clock(), []
-        for done in engine.generate(rows, sampling):
-            replies.append((clock() - start, done))
-        served = [c for _, c in replies if c.finish_reason != "abort"]
-        mean = sum(len(c.output_ids) for c in served) / len(served) if served else 0.0
-        prompts = sum(prompt_len[c.sample_id] for c in served) / len(served) if served else 0.0
-        tokens = backlogs[name].tokens(mean)
-        requests = math.ceil(tokens / mean) if mean else 0
-        pace = _pace(replies, slots)
-        if pace.steady and requests >= 2 * slots:
-            seconds = pace.fill_s + (requests - 2 * slots) * mean / pace.rate + pace.drain_s
-        elif pace.steady:  # fewer than the sample's: the sample's own time, in proportion
-            seconds = replies[-1][0] * requests / len(replies)
-        else:
-            seconds = tokens / pace.rate if pace.rate else 0.0
-        projections.append(
-            Projection(
-                name,
-                len(replies),
-                len(replies) - len(served),
-                round(prompts, 1),
-                round(mean, 1),
-                round(tokens),
-                requests,
-                round(pace.rate, 1),
-                pace.steady,
-                round(pace.fill_s, 2),
-                round(pace.drain_s, 2),
-                seconds / 3600,
-            )
-        )
-    return projections
-
-
-@dataclass(frozen=True)
-class Pace:
-    rate: float  # tokens/s
-    steady: bool
-    fill_s: float = 0.0
-    drain_s: float = 0.0
-
-
-def _pace(replies: list[tuple[float, Completion]], slots: int) -> Pace:
-    """Tokens/s from the `slots`-th reply to the (n - slots)-th, the seconds before and after;
-    for a sample of at most 2 x `slots`, its own tokens/s."""
-    n = len(replies)
-    tokens = [len(c.output_ids) for _, c in replies]
-    if n > 2 * slots:
-        first, last = replies[slots - 1][0], replies[n - slots - 1][0]
-        if last > first:
-            rate = sum(tokens[slots : n - slots]) / (last - first)
-            return Pace(rate, True, first, replies[-1][0] - last)
-    wall = replies[-1][0] if replies else 0.0
-    return Pace(sum(tokens) / wall if wall else 0.0, False)

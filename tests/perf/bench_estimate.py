@@ -17,8 +17,11 @@ warm the run's prefixes) and the comparison runs (`compare`):
    projected hours, from its default sample (3 prompts per slot, spread over the file);
 2. `python -m stages.generate` over each dataset, one after another, as `dvc repro` runs them:
    the generation loop's seconds (the report's tokens over its tokens/s) and the process's wall;
-3. per dataset, projected over measured seconds: within 15% is the goal; beside it what the
-   projection was made of (prompts timed, the pace, whether every slot was busy, fill and drain).
+3. per dataset, projected over measured seconds: within 15% is the goal; beside it the
+   projection's 10-90% range and whether the run fell in it, and what the projection was made
+   of (prompts timed, the fitted pace with every slot busy and the share of a step that grows
+   with the requests in it, how long the sample held every slot busy, the sample's seconds and
+   the fitted server's seconds over it).
 """
 
 from __future__ import annotations
@@ -118,11 +121,14 @@ def compare(
             loop_s=round(loop_s, 1),
             process_wall_s=round(wall, 1),
             projected_vs_loop=round(p["hours"] * 3600 / loop_s, 3),
+            range_s=[round(p["hours_low"] * 3600, 1), round(p["hours_high"] * 3600, 1)],
+            in_range=p["hours_low"] * 3600 <= loop_s <= p["hours_high"] * 3600,
             sampled=p["samples"],
             pace_tokens_per_s=p["tokens_per_s"],
-            steady=p["steady"],
-            fill_s=p["fill_s"],
-            drain_s=p["drain_s"],
+            step_share=p["step_share"],
+            busy_s=p["busy_s"],
+            sample_s=p["sample_s"],
+            replayed_s=p["replayed_s"],
         )
         print(f"[bench] estimate {json.dumps(row)}", flush=True)
         rows.append(row)
@@ -174,12 +180,14 @@ def main(argv: list[str] | None = None) -> int:
         args.json_out.write_text(json.dumps(result, indent=2))
     print(
         "dataset  prompts  tokens projected | generated  "
-        "seconds projected | loop | process  projected/loop"
+        "seconds projected (10-90%) | loop | process  projected/loop"
     )
     for r in result["datasets"]:
+        low, high = r["range_s"]
         print(
             f"{r['dataset']}  {r['prompts']}  {r['projected_tokens']:,.0f} | {r['tokens']:,}  "
-            f"{r['projected_s']} | {r['loop_s']} | {r['process_wall_s']}  {r['projected_vs_loop']}"
+            f"{r['projected_s']} ({low}-{high}) | {r['loop_s']} | {r['process_wall_s']}  "
+            f"{r['projected_vs_loop']}"
         )
     return 0 if result["within_goal"] else 1
 
