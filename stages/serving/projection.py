@@ -147,27 +147,30 @@ def project_hours(
             answered = clock() - start
             spans.append((max(answered - done.latency_s, 0.0), answered, len(done.output_ids)))
             prompts += prompt_len[done.sample_id]
-        projections.append(_project(name, spans, failed, prompts, backlogs[name], slots, rng))
+        limit, backlog = sampling.max_new_tokens, backlogs[name]
+        projections.append(project_sample(name, spans, failed, prompts, backlog, slots, limit, rng))
     return projections
 
 
-def _project(
+def project_sample(
     name: str,
     spans: list[Span],
     failed: int,
     prompt_tokens: int,
     backlog: Backlog,
     slots: int,
+    limit: int,
     rng: random.Random,
 ) -> Projection:
+    """One dataset's projection from its sample's `spans` (`prompt_tokens` in all), `limit` the
+    replies' token limit."""
     if not spans:  # every request failed: nothing to time
         return Projection(name, failed, failed, 0.0, 0.0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0)
     spans.sort()
     lengths = [tokens for _, _, tokens in spans]
     steps = fit_steps(spans, slots)
     trials = [
-        _run_seconds(rng.choices(lengths, k=len(lengths)), backlog, steps, rng)
-        for _ in range(TRIALS)
+        _run_seconds(_redraw(lengths, limit, rng), backlog, steps, rng) for _ in range(TRIALS)
     ]
     deciles = statistics.quantiles(trials, n=10)
     mean = sum(lengths) / len(lengths)
@@ -190,6 +193,15 @@ def _project(
         deciles[-1] / 3600,
         tuple(spans),
     )
+
+
+def _redraw(lengths: list[int], limit: int, rng: random.Random) -> list[int]:
+    """The sample drawn again. Replies that ran to the token limit are few and cost the most, so
+    a sample that saw k of them in n stands for a share drawn from Beta(k + 1/2, n - k + 1/2)
+    (Jeffreys'), not for k/n exactly; the other replies are drawn from the sample's others."""
+    short = [n for n in lengths if n < limit]
+    share = rng.betavariate(len(lengths) - len(short) + 0.5, len(short) + 0.5)
+    return [rng.choice(short) if short and rng.random() >= share else limit for _ in lengths]
 
 
 def _run_seconds(drawn: list[int], backlog: Backlog, steps: Steps, rng: random.Random) -> float:

@@ -5,6 +5,7 @@ against measured.
     python -m tests.perf.bench_estimate --prep ../shared/data --prompts DIR   # on any machine
     python -m tests.perf.bench_estimate --prompts DIR [--target data/demo/target]
         [--concurrency 32] [--max-new-tokens 512] [--module sglang.launch_server] [--json-out FILE]
+    python -m tests.perf.bench_estimate --reproject ESTIMATE_JSON MEASURED_JSON   # on any machine
 
 --prep DATA: the prep stage over the public samples in DATA (GSM8K, ShareGPT, Glaive, HumanEval;
 ../shared/data/README.md), tokenised for --target, written to --prompts; no server.
@@ -22,16 +23,25 @@ warm the run's prefixes) and the comparison runs (`compare`):
    of (prompts timed, the fitted pace with every slot busy and the share of a step that grows
    with the requests in it, how long the sample held every slot busy, the sample's seconds and
    the fitted server's seconds over it).
+
+--reproject: this commit's projection of the samples an earlier estimate timed (the `spans` in
+the estimate's own --json-out, kept under --work as estimate.json) against the generation loops
+measured after it (this script's --json-out, or bench_client_vs_bare's with --estimate-prompts),
+beside the projection made then: a change to the method, compared like with like on the same
+samples. The same method gives the same seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
 
+from stages.serving.monitor import Backlog
+from stages.serving.projection import project_sample
 from tests.perf.bench_client_vs_bare import (
     DEMO_TARGET,
     launch,
@@ -145,9 +155,40 @@ def compare(
     )
 
 
+def reproject(estimate_file: Path, measured_file: Path) -> list[dict]:
+    """Each dataset of the estimate in `estimate_file` projected again from its spans, in the
+    estimate's order and with its seed, against the loop `measured_file` holds for it."""
+    estimate, measured = (json.loads(f.read_text()) for f in (estimate_file, measured_file))
+    result = measured[-1] if isinstance(measured, list) else measured  # client_vs_bare: the last
+    runs = {r["dataset"]: r for r in result["datasets"]}
+    rng, slots, rows = random.Random(0), estimate["settings"]["slots"], []
+    for d in estimate["datasets"]:
+        name, spans = d["dataset"], [tuple(span) for span in d["spans"]]
+        run = runs[name]
+        prompt_tokens = round(d["mean_prompt_tokens"] * len(spans))
+        backlog = Backlog(name, run["prompts"], 10**12)
+        p = project_sample(
+            name, spans, d["failed"], prompt_tokens, backlog, slots, result["max_new_tokens"], rng
+        )
+        rows.append(
+            dict(
+                dataset=name,
+                prompts=run["prompts"],
+                projected_then_s=round(d["hours"] * 3600, 2),
+                projected_s=round(p.hours * 3600, 2),
+                range_s=[round(p.hours_low * 3600, 2), round(p.hours_high * 3600, 2)],
+                loop_s=run["loop_s"],
+                projected_vs_loop=round(p.hours * 3600 / run["loop_s"], 3),
+            )
+        )
+        print(f"[bench] reprojected {json.dumps(rows[-1])}", flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompts", type=Path, required=True, help="a folder of prompts files")
+    parser.add_argument("--prompts", type=Path, help="a folder of prompts files")
+    parser.add_argument("--reproject", type=Path, nargs=2, metavar=("ESTIMATE", "MEASURED"))
     parser.add_argument("--prep", type=Path, help="write --prompts from this data folder, and stop")
     parser.add_argument("--target", type=Path, default=DEMO_TARGET)
     parser.add_argument("--concurrency", type=int, default=32)
@@ -162,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-estimate"))
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
+    if args.reproject:
+        rows = reproject(*args.reproject)
+        return 0 if all(abs(r["projected_vs_loop"] - 1) <= GOAL for r in rows) else 1
+    if args.prompts is None:
+        parser.error("--prompts is required (or --reproject)")
     args.work.mkdir(parents=True, exist_ok=True)
     if args.prep:
         prep(args.prep, args.prompts, args.target, args.work)

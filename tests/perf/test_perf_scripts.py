@@ -16,6 +16,7 @@ from tests.engines.conftest import free_port
 from tests.perf import (
     bench_client_vs_bare,
     bench_demo,
+    bench_estimate,
     bench_extract,
     bench_extract_stage,
     bench_kimi_width,
@@ -536,3 +537,7 @@ def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys
     assert all(r["projected_s"] > 0 and r["loop_s"] > 0 for r in estimated["datasets"])
     assert estimated["estimate"]["settings"]["slots"] == 2
     assert "stage/bare" in capsys.readouterr().out
+    # the same method on the samples the estimate saved gives the seconds it gave then
+    again = bench_estimate.reproject(tmp_path / "estimate" / "estimate.json", out)
+    assert [r["dataset"] for r in again] == ["a", "b"]
+    assert all(r["projected_s"] == r["projected_then_s"] > 0 for r in again), again
