@@ -46,7 +46,7 @@ def main(
     """Time a sample of every dataset and project hours per dataset."""
     # imported here, not at the top: `eagle-pipeline --help` loads no engine
     from ..serving.monitor import run_backlog
-    from ..serving.projection import project_hours
+    from ..serving.projection import project_hours, run_hours
     from ..wiring.engines import make_engine, sampling_for
     from ..wiring.target import target_roles, target_tokenizer
 
@@ -75,14 +75,20 @@ def main(
         picked,
         {b.dataset: b for b in run_backlog(budgets, prompts_dir, raw_dir)},
     )
-    _print_projections(projections)
+    run_range = run_hours(projections)
+    _print_projections(projections, run_range)
     notes = _notes(projections, limits, gen)
     for note in notes:
         print(f"[estimate] {note}")
     if json_out is not None:
         settings = dict(engine=engine.name, slots=engine.slots, servers=limits)
-        rows = [dataclasses.asdict(p) for p in projections]
-        write_json(dict(settings=settings, datasets=rows, notes=notes), json_out)
+        _write(json_out, settings, projections, run_range, notes)
+
+
+def _write(path: Path, settings: dict, projections, run_range, notes: list[str]) -> None:
+    rows = [dataclasses.asdict(p) for p in projections]
+    run_row = dict(zip(("hours", "hours_low", "hours_high"), run_range))
+    write_json(dict(settings=settings, datasets=rows, run=run_row, notes=notes), path)
 
 
 def _spread(path: Path, n: int) -> list[tuple[str, list[int]]]:
@@ -95,7 +101,7 @@ def _spread(path: Path, n: int) -> list[tuple[str, list[int]]]:
     return [(r["sample_id"], r["prompt_ids"]) for r in rows]
 
 
-def _print_projections(projections) -> None:
+def _print_projections(projections, run: tuple[float, float, float]) -> None:
     print(
         f"{'dataset':<24}{'samples':>8}{'failed':>8}{'mean in':>9}{'mean out':>10}"
         f"{'pace tok/s':>12}{'requests left':>15}{'tokens left':>14}{'time':>12}"
@@ -109,9 +115,12 @@ def _print_projections(projections) -> None:
             f"{p.mean_output_tokens:>10,.0f}{pace:>12}{p.requests_left:>15,}"
             f"{p.tokens_left:>14,.0f}{hms(p.hours * 3600):>12}{spread:>22}"
         )
-    tokens, hours = sum(p.tokens_left for p in projections), sum(p.hours for p in projections)
-    total = hms(hours * 3600)
-    print(f"{'run':<24}{'':>8}{'':>8}{'':>9}{'':>10}{'':>12}{'':>15}{tokens:>14,.0f}{total:>12}")
+    tokens, (hours, low, high) = sum(p.tokens_left for p in projections), run
+    spread = f"{hms(low * 3600)}-{hms(high * 3600)}"
+    print(
+        f"{'run':<24}{'':>8}{'':>8}{'':>9}{'':>10}{'':>12}{'':>15}{tokens:>14,.0f}"
+        f"{hms(hours * 3600):>12}{spread:>22}"
+    )
     print(
         "pace: the fitted server's tokens/s with every slot busy; time: the median over redraws "
         "of the sample, 10-90%: their range"

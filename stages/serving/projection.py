@@ -118,6 +118,18 @@ class Projection:
     hours_low: float  # 10th percentile
     hours_high: float  # 90th percentile
     spans: tuple[Span, ...] = field(default=(), repr=False)  # the sample, to check it otherwise
+    redraws_s: tuple[float, ...] = field(default=(), repr=False)  # the run's seconds per redraw
+
+
+def run_hours(projections: list[Projection]) -> tuple[float, float, float]:
+    """The whole run's hours, median and 10-90% range: the datasets' redraws are independent,
+    so the i-th of each together make one redraw of the run (the sum of each dataset's 90th
+    percentile would be a run in which every dataset drew its long replies at once)."""
+    runs = [sum(seconds) for seconds in zip(*(p.redraws_s for p in projections if p.redraws_s))]
+    if len(runs) < 2:
+        return (0.0, 0.0, 0.0)
+    deciles = statistics.quantiles(runs, n=10)
+    return statistics.median(runs) / 3600, deciles[0] / 3600, deciles[-1] / 3600
 
 
 def project_hours(
@@ -192,6 +204,7 @@ def project_sample(
         deciles[0] / 3600,
         deciles[-1] / 3600,
         tuple(spans),
+        tuple(trials),
     )
 
 

@@ -21,7 +21,13 @@ from stages.serving.monitor import (
     backlog,
     parse_metrics,
 )
-from stages.serving.projection import Steps, fit_steps, project_hours, replay_seconds
+from stages.serving.projection import (
+    Steps,
+    fit_steps,
+    project_hours,
+    replay_seconds,
+    run_hours,
+)
 from tests.rawdata import raw_row, write_raw
 
 
@@ -186,6 +192,33 @@ def test_projection_with_replies_at_the_limit_holds_its_range(prompts, at_limit)
         held += p.hours_low * 3600 <= run_s <= p.hours_high * 3600
     assert statistics.median(ratios) == pytest.approx(1.0, abs=0.1)
     assert held >= 14
+
+
+def test_the_whole_runs_range_holds_the_datasets_run_one_after_another():
+    """Two datasets as the run generates them, one after the other, a few replies at the limit
+    in each: over 20 such runs, the run's range (the datasets' redraws summed) holds most, and
+    is narrower than the datasets' ranges added up, in which every dataset draws its long
+    replies at once."""
+    held, narrower = 0, 0
+    for seed in range(20):
+        rng = random.Random(seed)
+        rows = {d: [(f"{d}/{i}", [0] * 100) for i in range(n)] for d, n in (("a", 225), ("b", 484))}
+        every = [sid for part in rows.values() for sid, _ in part]
+        lengths = {s: 512 if rng.random() < 0.02 else rng.randint(20, 120) for s in every}
+        run, clock = _fresh_run(lengths)
+        backlogs = {d: Backlog(d, len(part), 10**12) for d, part in rows.items()}
+        samples = {d: part[:: len(part) // 96][:96] for d, part in rows.items()}
+        projections = project_hours(run, Sampling(512), samples, backlogs, clock=clock)
+        run_s = sum(_run_seconds(run, clock, part) for part in rows.values())
+        _, low, high = run_hours(projections)
+        held += low * 3600 <= run_s <= high * 3600
+        narrower += (
+            sum(p.hours_low for p in projections)
+            < low
+            < high
+            < sum(p.hours_high for p in projections)
+        )
+    assert held >= 14 and narrower == 20
 
 
 def test_the_hf_engines_batches_project_as_batches(hf_engine, prompts):
