@@ -180,7 +180,13 @@ def project_sample(
         return Projection(name, failed, failed, 0.0, 0.0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, 0)
     spans.sort()
     lengths = [tokens for _, _, tokens in spans]
-    steps = fit_steps(spans, slots)
+    try:
+        steps = fit_steps(spans, slots)
+    except ValueError as e:
+        raise ValueError(
+            f"{name}: {e}; every sampled reply came back empty or at once: check the target's "
+            f"chat template and stop tokens against a reply of the server's"
+        ) from None
     trials = [
         _run_seconds(_redraw(lengths, limit, rng), backlog, steps, rng) for _ in range(TRIALS)
     ]

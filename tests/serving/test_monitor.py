@@ -25,6 +25,7 @@ from stages.serving.projection import (
     Steps,
     fit_steps,
     project_hours,
+    project_sample,
     replay_seconds,
     run_hours,
 )
@@ -232,6 +233,13 @@ def test_the_hf_engines_batches_project_as_batches(hf_engine, prompts):
     assert p.hours_low == pytest.approx(p.hours_high) == p.hours  # one length: redraws alike
     (short,) = project_hours(hf_engine, Sampling(6), {"a": prompts[:3]}, backlogs)
     assert short.busy_s == 0
+
+
+def test_a_sample_of_empty_replies_names_its_dataset():
+    with pytest.raises(ValueError, match="^empty: the sample's replies took no time or gave no"):
+        project_sample(
+            "empty", [(0.0, 1.0, 0)] * 3, 0, 30, Backlog("empty", 9, 99), 2, 8, random.Random()
+        )
 
 
 def test_the_fit_and_the_replay_on_spans_worked_by_hand():
