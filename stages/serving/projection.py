@@ -51,16 +51,8 @@ def fit_steps(spans: list[Span], slots: int) -> Steps:
     gets one token a step, so its tokens are the steps taken while it was in flight. Of the
     shares that fit within 1% as well as the best, the least: a sample that kept the same
     requests in flight throughout cannot tell how a step grows with them."""
-    times = sorted({t for start, end, _ in spans for t in (start, end)})
+    times, running = _in_flight(spans)
     at = {t: i for i, t in enumerate(times)}
-    change = [0] * len(times)
-    for start, end, _ in spans:
-        change[at[start]] += 1
-        change[at[end]] -= 1
-    running, n = [], 0
-    for delta in change[:-1]:
-        n += delta
-        running.append(n)
     fits = []  # (squared error, share, tokens per full step)
     for share in (i / 100 for i in range(101)):
         full_steps = [0.0]  # full steps' worth of work done by each time
@@ -79,6 +71,22 @@ def fit_steps(spans: list[Span], slots: int) -> Steps:
         raise ValueError("the sample's replies took no time or gave no tokens: nothing to time")
     _, share, per_step = next(f for f in fits if f[0] <= least[0] * 1.01)
     return Steps(1 / per_step, share, slots)
+
+
+def _in_flight(spans: list[Span]) -> tuple[list[float], list[int]]:
+    """Every time a sampled request was sent or answered, in order, and how many were in flight
+    from each of those times to the next."""
+    times = sorted({t for start, end, _ in spans for t in (start, end)})
+    at = {t: i for i, t in enumerate(times)}
+    change = [0] * len(times)
+    for start, end, _ in spans:
+        change[at[start]] += 1
+        change[at[end]] -= 1
+    running, n = [], 0
+    for delta in change[:-1]:
+        n += delta
+        running.append(n)
+    return times, running
 
 
 def replay_seconds(lengths: Iterable[int], steps: Steps) -> float:
@@ -126,10 +134,13 @@ def run_hours(projections: list[Projection]) -> tuple[float, float, float]:
     so the i-th of each together make one redraw of the run (the sum of each dataset's 90th
     percentile would be a run in which every dataset drew its long replies at once)."""
     runs = [sum(seconds) for seconds in zip(*(p.redraws_s for p in projections if p.redraws_s))]
-    if len(runs) < 2:
-        return (0.0, 0.0, 0.0)
-    deciles = statistics.quantiles(runs, n=10)
-    return statistics.median(runs) / 3600, deciles[0] / 3600, deciles[-1] / 3600
+    return _hours_spread(runs) if len(runs) >= 2 else (0.0, 0.0, 0.0)
+
+
+def _hours_spread(seconds: list[float]) -> tuple[float, float, float]:
+    """Median, 10th and 90th percentiles of redraws' `seconds`, in hours."""
+    deciles = statistics.quantiles(seconds, n=10)
+    return statistics.median(seconds) / 3600, deciles[0] / 3600, deciles[-1] / 3600
 
 
 def project_hours(
@@ -190,7 +201,6 @@ def project_sample(
     trials = [
         _run_seconds(_redraw(lengths, limit, rng), backlog, steps, rng) for _ in range(TRIALS)
     ]
-    deciles = statistics.quantiles(trials, n=10)
     mean = sum(lengths) / len(lengths)
     tokens = backlog.tokens(mean)
     return Projection(
@@ -206,9 +216,7 @@ def project_sample(
         round(_busy_seconds(spans, slots), 2),
         round(max(end for _, end, _ in spans) - spans[0][0], 2),
         round(replay_seconds(lengths, steps), 2),
-        statistics.median(trials) / 3600,
-        deciles[0] / 3600,
-        deciles[-1] / 3600,
+        *_hours_spread(trials),
         tuple(spans),
         tuple(trials),
     )
@@ -235,10 +243,5 @@ def _run_seconds(drawn: list[int], backlog: Backlog, steps: Steps, rng: random.R
 
 def _busy_seconds(spans: list[Span], slots: int) -> float:
     """How long the sample had `slots` requests or more in flight."""
-    events = sorted([(s, 1) for s, _, _ in spans] + [(e, -1) for _, e, _ in spans])
-    busy, running, since = 0.0, 0, 0.0
-    for t, delta in events:
-        if running >= slots:
-            busy += t - since
-        running, since = running + delta, t
-    return busy
+    times, running = _in_flight(spans)
+    return sum(times[k + 1] - times[k] for k, n in enumerate(running) if n >= slots)
