@@ -3,7 +3,7 @@
 
     python -m tests.perf.bench_train [--shape llama-3.1-8b|kimi-k2.5|tiny] [--device auto|cpu|cuda]
         [--batches 1x2048 4x2048] [--ttt-steps 7] [--attention auto reference flex] [--check]
-        [--tf32] [--compile] [--fp8] [--profile] [--json-out F]
+        [--tf32] [--compile] [--fp8] [--profile [ROWS]] [--json-out F]
 
 `--attention` times each attention implementation in turn (auto: flex on a GPU); `--check`
 then compares loss and gradients of the fast path (what `auto` runs: bf16 autocast, flex
@@ -116,8 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp8", action="store_true", help="linear products in FP8 (train.fp8)")
     parser.add_argument(
         "--profile",
-        action="store_true",
-        help="after timing, print the kernels of one step by device time",
+        type=int,
+        nargs="?",
+        const=20,
+        metavar="ROWS",
+        help="after timing, print the ROWS (default 20) kernels of one step with most device time",
     )
     parser.add_argument(
         "--attention", nargs="+", default=["auto"], choices=["auto", "reference", "flex"]
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
             progress = "  ".join(f"{c} {v}" for c, v in zip(columns, rows[-1]))
             print(progress, file=sys.stderr, flush=True)  # the table comes at the end
             if args.profile:
-                print_profile(lambda: step(batch), device)
+                print_profile(lambda: step(batch), device, args.profile)
         del batch
     print_table(columns, rows)
     if args.check:  # after the timings: the float32 reference compiles kernels of its own

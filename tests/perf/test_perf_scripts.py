@@ -56,9 +56,12 @@ def number(cell: str) -> float:
 
 @pytest.mark.slow
 def test_bench_train_prints_a_row_per_batch_shape_and_its_profile(capsys):
-    bench_train.main(TINY + ["--ttt-steps", "3", "--profile"])
+    bench_train.main(TINY + ["--ttt-steps", "3", "--profile", "6"])
     out = capsys.readouterr().out
     assert out.count("aten::mm") == 2  # one profile table per batch shape
+    rules = [i for i, line in enumerate(out.splitlines()) if set(line.strip()) == {"-", " "}]
+    tables = [rules[i : i + 3] for i in range(0, len(rules) - 2, 3)]  # above, below header, end
+    assert len(tables) == 2 and all(end - below - 1 == 6 for _, below, end in tables)
     rows = printed_table(out, "batch")
     assert [(r["batch"], r["length"]) for r in rows] == [("1", "32"), ("2", "16")]
     for r in rows:
