@@ -90,8 +90,9 @@ def random_batch(
         }
 
 
-def print_profile(fn, device: torch.device, rows: int = 20) -> None:
-    """The operators of one call of `fn`, by self time on the device (CPU time on CPU)."""
+def print_profile(fn, device: torch.device, rows: int) -> None:
+    """The `rows` operators of one call of `fn` with the most self time on the device (CPU time
+    on CPU)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
