@@ -563,6 +563,13 @@ class Attention(Projections):
         # "reference" / "flex" force one (benchmarks compare them; tests check they agree).
         self.impl = "auto"
 
+    def uses_flex(self, on_gpu: bool, queries: int) -> bool:
+        """Whether `forward` attends through `attend_flex`: forced, or "auto" on a GPU over a
+        whole prefix, with heads at least FLEX_MIN_HEAD_DIM wide (the fused kernel refuses
+        narrower ones, compiled or not: a tiny draft then takes the reference)."""
+        fits = on_gpu and queries > 1 and self.head_dim >= FLEX_MIN_HEAD_DIM
+        return self.impl == "flex" or (self.impl == "auto" and fits)
+
     def forward(
         self, x: Tensor, rope: Rope, kv: DraftKV | None, key_mask: Tensor | None
     ) -> tuple[Tensor, DraftKV]:
@@ -584,8 +591,7 @@ class Attention(Projections):
             positions = kv.query_index + kv.chain_length + 1
             kv = kv.with_chain(rotate(k, positions, rope), v)
         q = rotate(q, positions, rope)
-        use_flex = self.impl == "flex" or (self.impl == "auto" and x.is_cuda and Q > 1)
-        out = attend_flex(q, kv) if use_flex else attend(q, kv)
+        out = attend_flex(q, kv) if self.uses_flex(x.is_cuda, Q) else attend(q, kv)
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1)), kv
 
 
@@ -614,6 +620,11 @@ def attend(q: Tensor, kv: DraftKV) -> Tensor:
         chain_v = torch.stack(kv.chain_v, dim=-2)
         out = out + torch.einsum("bhgqc,bhqcd->bhgqd", probs[..., T:], chain_v)
     return out.reshape(B, H, Q, d)
+
+
+# torch 2.11's flex attention kernel: "embedding dimension of the query, key, and value must be
+# at least 16" (stories260K's heads are 8 wide)
+FLEX_MIN_HEAD_DIM = 16
 
 
 def attend_flex(q: Tensor, kv: DraftKV) -> Tensor:

@@ -6,10 +6,12 @@ no backward on the CPU: the gradients are compared on a GPU by
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
-from stages.drafter.model import DraftKV, attend, attend_flex
+from stages.drafter.model import FLEX_MIN_HEAD_DIM, DraftKV, attend, attend_flex
 from stages.drafter.ttt import ttt_forward
 
 from .conftest import HIDDEN, make_drafter, tiny_target_config
@@ -64,3 +66,17 @@ def test_the_training_time_test_loss_is_the_same_with_either_path():
         losses[impl] = (loss, metrics.accuracy)
     torch.testing.assert_close(losses["flex"][0], losses["reference"][0], rtol=1e-5, atol=1e-6)
     assert losses["flex"][1] == losses["reference"][1]
+
+
+def test_auto_takes_flex_on_a_gpu_over_a_prefix_of_heads_16_wide_or_more():
+    """Narrower heads (a tiny target's) take the reference: flex's kernel refuses them."""
+    wide = make_drafter(tiny_target_config()).midlayer.self_attn
+    narrow = copy.deepcopy(wide)
+    narrow.head_dim = FLEX_MIN_HEAD_DIM // 2
+    assert wide.head_dim >= FLEX_MIN_HEAD_DIM
+    assert wide.uses_flex(on_gpu=True, queries=64)
+    assert not wide.uses_flex(on_gpu=False, queries=64)
+    assert not wide.uses_flex(on_gpu=True, queries=1)  # decoding: one query per sample
+    assert not narrow.uses_flex(on_gpu=True, queries=64)
+    narrow.impl = "flex"
+    assert narrow.uses_flex(on_gpu=True, queries=64)
