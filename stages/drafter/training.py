@@ -421,12 +421,12 @@ def train(
     for state["epoch"], state["cursor"], batch in stream:
         in_target = target_seconds(features)
         batch = on_device(batch, device, features)
-        loss, metrics, grad_norm = optimizer_step(
-            optim, batch, s.fp8, state["step"] + 1, history, log
-        )
+        step = state["step"] + 1
+        loss, metrics, grad_norm = optimizer_step(optim, batch, s.fp8, step, history, log)
         metrics = summed(metrics, rank, device)
         step_loss, step_tokens, positions = step_totals(loss, batch["attention_mask"], rank)
-        state["step"] += 1
+        refuse_diverged(step_loss, step, s)
+        state["step"] = step
         # a run too short to have steps after its warm-up counts them all
         warming_up = state["step"] - first <= WARMUP_STEPS < s.total_steps - first
         seconds = time.monotonic() - clock
@@ -451,6 +451,18 @@ def train(
             _save(last, checkpoint(optim, state, history))
         clock = time.monotonic()  # evaluation and saving are not training time
     return history
+
+
+def refuse_diverged(loss: float, step: int, s: TrainingSettings) -> None:
+    """A loss that is not finite has made the drafter's weights NaN through its step's update:
+    the run stops there, its earlier checkpoints kept, rather than training NaN to the last step
+    and exporting a drafter that drafts nothing."""
+    if not math.isfinite(loss):
+        fp8 = " or set fp8 false" if s.fp8 else ""
+        raise ValueError(
+            f"the loss is {loss} at step {step}: training diverged. Lower lr ({s.lr:g}) or "
+            f"lengthen warmup_ratio{fp8}, then rerun (checkpoints before step {step} are kept)"
+        )
 
 
 def live_figures(row: dict, acceptance: str, evaluation: dict | None) -> dict[str, float]:

@@ -238,6 +238,26 @@ def test_a_failed_compile_goes_on_eager_with_the_same_steps(hidden, tmp_path, mo
     )
 
 
+def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(hidden, tmp_path):
+    """A diverged step (an FP8 run of stories260K's did, on a GPU) stops the run there, rather
+    than training NaN weights to the end and exporting them; the checkpoint before it is kept."""
+    _, h, _ = hidden
+    train_set, eval_set = HiddenStates(h, "train"), HiddenStates(h, "eval")
+    diverging, steps = objective(h), []
+    forward = diverging.forward
+
+    def nan_at_step_4(batch):
+        loss, metrics = forward(batch)
+        steps.append(1) if torch.is_grad_enabled() else None  # evaluations run without
+        return (loss * float("nan") if len(steps) == 4 else loss), metrics
+
+    diverging.forward = nan_at_step_4
+    with pytest.raises(ValueError, match=r"^the loss is nan at step 4: training diverged\. "):
+        train(diverging, train_set, eval_set, settings(6), tmp_path, torch.device("cpu"))
+    assert len(steps) == 4
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["state"]["step"] == 3
+
+
 def test_evaluation_replays_every_turn_and_adds_up_over_batches(hidden):
     _, h, _ = hidden
     eval_set, cpu = HiddenStates(h, "eval"), torch.device("cpu")
