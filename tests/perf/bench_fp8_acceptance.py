@@ -30,7 +30,6 @@ import argparse
 import json
 import shutil
 import statistics
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -38,7 +37,7 @@ import yaml
 
 from tests.conftest import SHARED, STORIES
 from tests.perf.bench_llama_stages import measured
-from tests.perf.real_sglang import ROOT, run_logged
+from tests.perf.real_sglang import stage
 from tests.project import copy_project, sh
 
 VARIANTS = {"bf16": False, "fp8": True}
@@ -106,9 +105,9 @@ def run_params(project: Path, run: Path, device: str, **train) -> Path:
     return path
 
 
-def stage(module: str, stage_args: list, run: Path, timeout_s: int) -> None:
-    command = [sys.executable, "-m", f"stages.{module}", *map(str, stage_args)]
-    run_logged(run / f"{module}.log", command, ROOT, timeout_s)
+def run_stage(module: str, stage_args: list, run: Path, timeout_s: int) -> None:
+    """stages.<module> from the repository root, its log run/<module>.log."""
+    stage(run, module, f"stages.{module}", *map(str, stage_args), timeout_s=timeout_s)
 
 
 def extract(args, device: str) -> dict:
@@ -118,7 +117,7 @@ def extract(args, device: str) -> dict:
     if not (data / "hidden").exists():
         p = run_params(args.work / "project", args.work, device)
         io = ["--merged", data / "merged", "--out", data / "hidden", "--report", report]
-        stage("extract", [*io, "--params", p], args.work, args.timeout_s)
+        run_stage("extract", [*io, "--params", p], args.work, args.timeout_s)
     return json.loads(report.read_text()) if report.exists() else {}
 
 
@@ -133,8 +132,8 @@ def train_and_benchmark(args, name: str, fp8: bool, seed: int, device: str) -> d
     train += ["--report", run / "train.json", "--plots", run / "plots", "--params", p]
     bench = ["--merged", data / "merged", "--drafter-dir", run / "drafter"]
     bench += ["--report", run / "benchmark.json", "--plot", run / "benchmark.csv", "--params", p]
-    stage("train", train, run, args.timeout_s)
-    stage("benchmark", bench, run, args.timeout_s)
+    run_stage("train", train, run, args.timeout_s)
+    run_stage("benchmark", bench, run, args.timeout_s)
     t = json.loads((run / "train.json").read_text())
     b = json.loads((run / "benchmark.json").read_text())
     kept = ("steps", "final_loss", "best_replayed_tau", "best_simulated_tau", "compiled")
@@ -145,12 +144,17 @@ def train_and_benchmark(args, name: str, fp8: bool, seed: int, device: str) -> d
     }
 
 
+# what the train stage stops with at a step whose loss is not finite (training.py refuse_diverged)
+DIVERGED = "training diverged"
+
+
 def summary(rows: dict[str, dict]) -> dict[str, dict]:
-    """Per variant and figure: mean, min, max over the seeds that finished; how many of those
-    diverged (a loss of NaN: the report's null), their drafters drafting nothing of use."""
+    """Per variant and figure: mean, min, max over the seeds that finished; and how many runs
+    diverged (the train stage stopped at a loss that was not finite)."""
     out = {}
     for variant in VARIANTS:
-        done = [r for name, r in rows.items() if name.startswith(variant) and "error" not in r]
+        mine = [r for name, r in rows.items() if name.startswith(variant)]
+        done = [r for r in mine if "error" not in r]
         out[variant] = {
             f: {
                 "mean": round(statistics.fmean(r[f] for r in done), 4),
@@ -159,7 +163,7 @@ def summary(rows: dict[str, dict]) -> dict[str, dict]:
             }
             for f in FIGURES
             if done
-        } | {"runs": len(done), "diverged": sum(r["final_loss"] is None for r in done)}
+        } | {"runs": len(done), "diverged": sum(DIVERGED in r.get("error", "") for r in mine)}
     return out
 
 

@@ -575,6 +575,8 @@ def test_bench_fp8_acceptance_trains_and_benchmarks_each_arm_on_stories(tmp_path
     summary = result["summary"]
     assert (summary["bf16"]["runs"], summary["bf16"]["diverged"]) == (1, 0)
     assert summary["fp8"] == {"runs": 0, "diverged": 0}
+    stopped = {"fp8-s1": {"error": "error: the loss is nan at step 9: training diverged. Lower"}}
+    assert bench_fp8_acceptance.summary(stopped)["fp8"] == {"runs": 0, "diverged": 1}
     assert summary["bf16"]["tau_greedy"]["mean"] == bf16["tau_greedy"]
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     printed = capsys.readouterr().out

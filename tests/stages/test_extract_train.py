@@ -248,7 +248,8 @@ def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(hidden, tmp_pat
 
     def nan_at_step_4(batch):
         loss, metrics = forward(batch)
-        steps.append(1) if torch.is_grad_enabled() else None  # evaluations run without
+        if torch.is_grad_enabled():  # evaluations run without
+            steps.append(1)
         return (loss * float("nan") if len(steps) == 4 else loss), metrics
 
     diverging.forward = nan_at_step_4
