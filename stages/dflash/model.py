@@ -181,7 +181,12 @@ class BlockAttention(Projections):
         k = rotate_rows(k, key_positions, rope)
         v = self._split(self.v_proj(keys_in), self.kv_heads)
         mask = None if allowed is None else allowed[:, None]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        if mask is not None:  # a mask and grouped heads together: SDPA's unfused math path on a
+            # GPU (every score in float32); with the heads repeated, its fused masked kernel
+            k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
+        )
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
 
 
