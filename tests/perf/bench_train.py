@@ -1,9 +1,11 @@
-"""How fast the EAGLE-3 training step runs: `Objective` forward (training-time test over
-`ttt_steps`), backward, gradient clipping and the AdamW step, on random features of a target shape.
+"""How fast a drafter's training step runs: the objective's forward (EAGLE-3's training-time test
+over `ttt_steps`, or with `--family dflash` DFlash's blocks at dflash's default block size and
+anchors), backward, gradient clipping and the AdamW step, on random features of a target shape.
 
-    python -m tests.perf.bench_train [--shape llama-3.1-8b|kimi-k2.5|tiny] [--device auto|cpu|cuda]
-        [--batches 1x2048 4x2048] [--ttt-steps 7] [--attention auto reference flex] [--check]
-        [--tf32] [--compile] [--fp8] [--profile [ROWS]] [--json-out F]
+    python -m tests.perf.bench_train [--family eagle3|dflash] [--shape llama-3.1-8b|kimi-k2.5|tiny]
+        [--device auto|cpu|cuda] [--batches 1x2048 4x2048] [--ttt-steps 7]
+        [--attention auto reference flex] [--check] [--tf32] [--compile] [--fp8]
+        [--profile [ROWS]] [--json-out F]
 
 `--attention` times each attention implementation in turn (auto: flex on a GPU); `--check`
 then compares loss and gradients of the fast path (what `auto` runs: bf16 autocast, flex
@@ -21,8 +23,10 @@ learnable batches and prints both loss curves. A shape that does not fit prints 
 The inputs are what the train stage gives the step: a float32 drafter (the optimizer's master
 weights), the target embedding and LM head in their stored dtype (bf16 on a GPU, float32 on the
 CPU: `Objective.place`), collated features (bf16 as stored on a GPU, float32 on the CPU), bf16
-autocast on a GPU, fused AdamW there. `labels ms` times the target's soft labels alone
+autocast on a GPU, fused AdamW there. `labels ms` times EAGLE-3's soft labels alone
 (`soft_labels`, part of every step). SpecForge's figures on the same GPU: docs/performance.md.
+`--ttt-steps`, `--attention`, `--curve` and `labels ms` are EAGLE-3's; `--check` and `--fp8` take
+either family.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from stages.dflash.model import DFlashConfig, DFlashDrafter
+from stages.dflash.objective import DFlashObjective
 from stages.drafter.fp8 import fp8_problem
 from stages.drafter.layers import default_aux_indices
-from stages.drafter.model import Eagle3Config, Eagle3Drafter
+from stages.drafter.model import Eagle3Config, Eagle3Drafter, use_fp8
+from stages.drafter.objective import LoopObjective
 from stages.drafter.training import (
     Objective,
     adamw,
@@ -46,6 +53,7 @@ from stages.drafter.training import (
     training_step,
 )
 from stages.drafter.ttt import soft_labels
+from stages.params.dflash import DFlashParams
 from stages.runtime.device import resolve_device
 from tests.perf.bench_extract import (
     common_arguments,
@@ -74,15 +82,41 @@ def build_objective(shape: str, ttt_steps: int, decay: float, device: torch.devi
     return Objective(drafter, embed, head, ttt_steps, decay).place(device)
 
 
+def build_dflash_objective(shape: str, device: torch.device) -> DFlashObjective:
+    """A fresh DFlash drafter at dflash's defaults (block size, layers, anchors, decay) over random
+    frozen target embedding / LM head, as stages.train_dflash builds it."""
+    target, defaults = target_config(shape), DFlashParams()
+    cfg = DFlashConfig.from_target(
+        target,
+        num_hidden_layers=defaults.num_layers,
+        block_size=defaults.block_size,
+        mask_token_id=target.vocab_size - 1,  # a random target's: any id generation never sees
+    )
+    stored = feature_dtype(device) or torch.bfloat16
+    with torch.device(device):
+        drafter = DFlashDrafter(cfg)
+        embed = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
+        head = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
+    objective = DFlashObjective(drafter, embed, head, defaults.num_anchors, defaults.decay_gamma)
+    return objective.place(device)
+
+
+def feature_width(objective: LoopObjective) -> int:
+    """The width of the features a drafter reads: EAGLE-3's aux layers or DFlash's."""
+    cfg = objective.drafter.cfg
+    layers = cfg.num_aux if isinstance(cfg, Eagle3Config) else len(cfg.target_layer_ids)
+    return layers * cfg.target_hidden_size
+
+
 def random_batch(
-    cfg: Eagle3Config, batch: int, length: int, device: torch.device
+    objective: LoopObjective, batch: int, length: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """A collated batch as the training loop gives it (features bf16 on GPU, as stored; fp32 on
     CPU: stages.drafter.training.feature_dtype), every position supervised."""
-    dtype = feature_dtype(device) or torch.bfloat16
+    cfg, dtype = objective.drafter.cfg, feature_dtype(device) or torch.bfloat16
     with torch.device(device):
         return {
-            "aux": torch.randn(batch, length, cfg.num_aux * cfg.target_hidden_size, dtype=dtype),
+            "aux": torch.randn(batch, length, feature_width(objective), dtype=dtype),
             "last": torch.randn(batch, length, cfg.target_hidden_size, dtype=dtype),
             "input_ids": torch.randint(cfg.vocab_size, (batch, length)),
             "loss_mask": torch.ones(batch, length, dtype=torch.bool),
@@ -106,6 +140,7 @@ def print_profile(fn, device: torch.device, rows: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_arguments(parser, ["1x2048", "4x2048"])
+    parser.add_argument("--family", choices=["eagle3", "dflash"], default="eagle3")
     parser.add_argument("--ttt-steps", type=int, default=7)
     parser.add_argument("--decay", type=float, default=0.8)
     parser.add_argument(
@@ -138,6 +173,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json-out", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
+    eagle3 = args.family == "eagle3"
+    if not eagle3 and (args.curve or args.attention != ["auto"]):
+        parser.error("--curve and --attention time EAGLE-3's step; leave them out with dflash")
 
     device = resolve_device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -149,17 +187,26 @@ def main(argv: list[str] | None = None) -> None:
     columns += ["peak GiB", "device", "dtype", "ttt_steps"]
     rows, records = [], []
     torch.manual_seed(0)
-    objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
+    objective = (
+        build_objective(args.shape, args.ttt_steps, args.decay, device)
+        if eagle3
+        else build_dflash_objective(args.shape, device)
+    )
     drafter = objective.drafter
-    widths = drafter.use_fp8(args.fp8)
+    widths = use_fp8(drafter, args.fp8)
     if args.fp8 and device.type == "cuda" and (problem := fp8_problem(device, widths)):
         parser.error(f"--fp8: {problem}")  # on the CPU: emulated (quantised values, fp32 GEMMs)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = adamw(params, 1e-4, 0.0, device)
     autocast = autocast_for(device)
+    what = (
+        f"draft vocab {drafter.cfg.draft_vocab_size:,}"
+        if eagle3
+        else f"blocks of {drafter.cfg.block_size}, {objective.num_anchors} anchors a sample"
+    )
     print(
-        f"training step: {args.shape} drafter ({sum(p.numel() for p in params):,} "
-        f"parameters, draft vocab {drafter.cfg.draft_vocab_size:,}), {device}, {dtype}, "
+        f"training step: {args.shape} {args.family} drafter ({sum(p.numel() for p in params):,} "
+        f"parameters, {what}), {device}, {dtype}, "
         f"median of {args.repeat} after {args.warmup} warm-up steps"
     )
 
@@ -169,9 +216,9 @@ def main(argv: list[str] | None = None) -> None:
         training_step(model, batch, params, opt, 1.0, autocast)
 
     for batch_size, length in args.batches:
-        batch = random_batch(drafter.cfg, batch_size, length, device)
+        batch = random_batch(objective, batch_size, length, device)
         for impl in args.attention:
-            drafter.midlayer.self_attn.impl = impl
+            set_attention(objective, impl)
             record = {"batch": batch_size, "length": length, "attention": impl}
             shape = [str(batch_size), str(length), impl]
             try:
@@ -181,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
                 warmup = max(args.warmup - 1, 0)
                 seconds = median_seconds(lambda: step(batch), device, warmup, args.repeat)
                 peak = peak_memory_gib(device)
-                labels = median_seconds(
+                labels = eagle3 and median_seconds(
                     lambda: soft_labels(batch["last"], drafter, objective.lm_head),
                     device,
                     1,
@@ -207,11 +254,11 @@ def main(argv: list[str] | None = None) -> None:
                     f"{batch_size * length / seconds:,.0f}",
                     f"{1e3 * seconds:.1f}",
                     f"{first:.1f}",
-                    f"{1e3 * labels:.1f}",
+                    f"{1e3 * labels:.1f}" if eagle3 else "-",
                     f"{peak:.2f}",
                     device.type,
                     dtype,
-                    str(args.ttt_steps),
+                    str(args.ttt_steps) if eagle3 else "-",
                 ]
             )
             progress = "  ".join(f"{c} {v}" for c, v in zip(columns, rows[-1]))
@@ -222,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     print_table(columns, rows)
     if args.check:  # after the timings: the float32 reference compiles kernels of its own
         for batch_size, length in args.batches:
-            batch = random_batch(drafter.cfg, batch_size, length, device)
+            batch = random_batch(objective, batch_size, length, device)
             try:
                 check = compare_with_reference(objective, batch, args.fp8, model)
             except torch.OutOfMemoryError:
@@ -259,7 +306,7 @@ def loss_curves(args, device: torch.device, batch_size: int, length: int) -> dic
     for name in ("bf16" if device.type == "cuda" else "fp32", "fp8"):
         torch.manual_seed(0)
         objective = build_objective(args.shape, args.ttt_steps, args.decay, device)
-        objective.drafter.use_fp8(name == "fp8")
+        use_fp8(objective.drafter, name == "fp8")
         params = [p for p in objective.drafter.parameters() if p.requires_grad]
         opt = adamw(params, 3e-4, 0.0, device)
         model = compiled_objective(objective) if args.compile else objective
@@ -298,41 +345,53 @@ def learnable_batch(
     }
 
 
+def set_attention(objective: LoopObjective, impl: str) -> None:
+    """EAGLE-3's draft attention forced to `impl` (`Attention.impl`); DFlash's has one form."""
+    for module in objective.drafter.modules():
+        if hasattr(module, "impl"):
+            module.impl = impl
+
+
 def compare_with_reference(
-    objective: Objective, batch: dict[str, torch.Tensor], fp8: bool = False, fast=None
+    objective: LoopObjective, batch: dict[str, torch.Tensor], fp8: bool = False, fast=None
 ) -> str:
     """Loss and gradients of one forward/backward on the same weights and batch: the fast path
     as timed (`fast`, the compiled objective with --compile, else `objective`; bf16 autocast on a
-    GPU, flex attention, the fused loss) against the plain reference (`objective` in float32, no
-    autocast, the materialised attention): the largest relative difference of the loss and of any
-    parameter's gradient (norm of the difference over the reference's norm). The compiled path is
+    GPU, EAGLE-3's flex attention and fused loss) against the plain reference (`objective` in
+    float32, no autocast, EAGLE-3's materialised attention), both drawing the same DFlash anchors:
+    the largest relative difference of the loss and of any parameter's gradient (norm of the
+    difference over the reference's norm). The compiled path is
     checked through the graph already compiled for the timings, and the reference runs every
     part a GPU compiles (norms, rope, the loss's rows) as written, so the check compiles nothing
     (in float32 they would each compile again)."""
-    attn = objective.drafter.midlayer.self_attn
     device = batch["aux"].device.type
-    paths = {  # (model, attention, autocast, compiled parts: as compiled, or run as written)
+    # the reference reads the features in float32: DFlash's fc takes them as they come
+    as_float = {k: v.float() if v.is_floating_point() else v for k, v in batch.items()}
+    paths = {  # (model, batch, attention, autocast, compiled parts: as compiled, or as written)
         "reference": (
             objective,
+            as_float,
             "reference",
             lambda: torch.autocast(device, enabled=False),
             "force_eager",
         ),
         "fast": (
             objective if fast is None else fast,
+            batch,
             "auto",
             autocast_for(batch["aux"].device),
             "default",
         ),
     }
-    results = {}
-    for name, (model, impl, autocast, stance) in paths.items():
-        attn.impl = impl
-        objective.drafter.use_fp8(fp8 and name == "fast")
+    results, draws = {}, objective.loop_state()  # DFlash's anchors: both paths draw the same
+    for name, (model, inputs, impl, autocast, stance) in paths.items():
+        objective.load_loop_state(draws)
+        set_attention(objective, impl)
+        use_fp8(objective.drafter, fp8 and name == "fast")
         objective.drafter.zero_grad(set_to_none=True)
         with torch.compiler.set_stance(stance):
             with autocast():
-                loss, _ = model(batch)
+                loss, _ = model(inputs)
             loss.backward()
         grads = {
             n: p.grad.float().clone()
@@ -341,8 +400,8 @@ def compare_with_reference(
         }
         results[name] = (loss.detach().float(), grads)
     objective.drafter.zero_grad(set_to_none=True)
-    attn.impl = "auto"
-    objective.drafter.use_fp8(fp8)
+    set_attention(objective, "auto")
+    use_fp8(objective.drafter, fp8)
     (ref_loss, ref), (fast_loss, fast) = results["reference"], results["fast"]
     loss_diff = ((fast_loss - ref_loss).abs() / ref_loss.abs()).item()
     worst = max(ref, key=lambda n: (fast[n] - ref[n]).norm() / ref[n].norm().clamp_min(1e-12))

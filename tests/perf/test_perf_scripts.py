@@ -110,6 +110,26 @@ def test_bench_train_fp8_curve_trains_both_and_prints_both_curves(capsys):
     assert re.search(r"mean of the last 1 steps: fp32 [0-9.]+, fp8 [0-9.]+ \([+-][0-9.]+%\)", out)
 
 
+def test_bench_train_times_dflash_and_checks_it_on_the_same_anchors(capsys):
+    """--family dflash times DFlash's step at dflash's default blocks and anchors; --check draws
+    the same anchors for both paths (at 600 tokens the 512 anchors are a random subset: two draws
+    would differ), so on the CPU, float32 both ways, loss and gradients are equal."""
+    bench_train.main(TINY[:4] + ["--family", "dflash", "--batches", "1x600", "--check"]
+                     + ["--warmup", "0", "--repeat", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "tiny dflash drafter" in out and "blocks of 16, 512 anchors a sample" in out, out
+    rows = printed_table(out.split("1x600 fast path")[0], "batch")
+    assert [(r["batch"], r["length"], r["dtype"]) for r in rows] == [("1", "600", "fp32")]
+    assert number(rows[0]["tokens/s"]) > 0
+    assert rows[0]["labels ms"] == rows[0]["ttt_steps"] == "-"  # EAGLE-3's columns
+    check = re.search(r"1x600 fast path vs float32 reference: loss rel diff ([0-9.e+-]+), "
+                      r"largest grad rel diff \(norm\) ([0-9.e+-]+)", out)  # fmt: skip
+    assert check and float(check[1]) == float(check[2]) == 0, out
+    with pytest.raises(SystemExit):  # EAGLE-3's loss curves
+        bench_train.main(TINY[:4] + ["--family", "dflash", "--curve", "3"])
+    assert "leave them out with dflash" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_train_compile_times_the_compiled_objective_after_its_check(
     capsys, monkeypatch, compile_without_codegen
