@@ -51,15 +51,15 @@ def fit_steps(spans: list[Span], slots: int) -> Steps:
     gets one token a step, so its tokens are the steps taken while it was in flight. Of the
     shares that fit within 1% as well as the best, the least: a sample that kept the same
     requests in flight throughout cannot tell how a step grows with them."""
-    times, running = _in_flight(spans)
-    at = {t: i for i, t in enumerate(times)}
+    times, running, at = _in_flight(spans)
+    bounds = [(at[start], at[end]) for start, end, _ in spans]  # each span's times, as indices
     fits = []  # (squared error, share, tokens per full step)
     for share in (i / 100 for i in range(101)):
         full_steps = [0.0]  # full steps' worth of work done by each time
         for k, n in enumerate(running):
             shape = 1 - share + share * n / slots
             full_steps.append(full_steps[-1] + ((times[k + 1] - times[k]) / shape if n else 0.0))
-        taken = [full_steps[at[end]] - full_steps[at[start]] for start, end, _ in spans]
+        taken = [full_steps[end] - full_steps[start] for start, end in bounds]
         squares = sum(t * t for t in taken)
         if not squares:
             continue
@@ -73,9 +73,9 @@ def fit_steps(spans: list[Span], slots: int) -> Steps:
     return Steps(1 / per_step, share, slots)
 
 
-def _in_flight(spans: list[Span]) -> tuple[list[float], list[int]]:
-    """Every time a sampled request was sent or answered, in order, and how many were in flight
-    from each of those times to the next."""
+def _in_flight(spans: list[Span]) -> tuple[list[float], list[int], dict[float, int]]:
+    """Every time a sampled request was sent or answered, in order, how many were in flight
+    from each of those times to the next, and each time's index."""
     times = sorted({t for start, end, _ in spans for t in (start, end)})
     at = {t: i for i, t in enumerate(times)}
     change = [0] * len(times)
@@ -86,7 +86,7 @@ def _in_flight(spans: list[Span]) -> tuple[list[float], list[int]]:
     for delta in change[:-1]:
         n += delta
         running.append(n)
-    return times, running
+    return times, running, at
 
 
 def replay_seconds(lengths: Iterable[int], steps: Steps) -> float:
@@ -243,5 +243,5 @@ def _run_seconds(drawn: list[int], backlog: Backlog, steps: Steps, rng: random.R
 
 def _busy_seconds(spans: list[Span], slots: int) -> float:
     """How long the sample had `slots` requests or more in flight."""
-    times, running = _in_flight(spans)
+    times, running, _ = _in_flight(spans)
     return sum(times[k + 1] - times[k] for k, n in enumerate(running) if n >= slots)
