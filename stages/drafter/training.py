@@ -134,6 +134,7 @@ class TrainingSettings(LoopKnobs):
     total_steps: int  # from the section's epochs or max_steps, and the training split's size
     warmup_steps: int  # from its warmup_ratio
     compile: bool = False  # on a GPU, the training steps run `compiled_objective`
+    section: str = "train"  # the params section of these knobs, which messages name
 
 
 @dataclass(frozen=True)
@@ -458,10 +459,12 @@ def refuse_diverged(loss: float, step: int, s: TrainingSettings) -> None:
     the run stops there, its earlier checkpoints kept, rather than training NaN to the last step
     and exporting a drafter that drafts nothing."""
     if not math.isfinite(loss):
-        fp8 = " or set fp8 false" if s.fp8 else ""
+        key = f"{s.section}."
+        fp8 = f" or set {key}fp8 false" if s.fp8 else ""
         raise ValueError(
-            f"the loss is {loss} at step {step}: training diverged. Lower lr ({s.lr:g}) or "
-            f"lengthen warmup_ratio{fp8}, then rerun (checkpoints before step {step} are kept)"
+            f"the loss is {loss} at step {step}: training diverged. Lower {key}lr ({s.lr:g}) or "
+            f"lengthen {key}warmup_ratio{fp8}, then rerun (checkpoints before step {step} are "
+            "kept)"
         )
 
 

@@ -5,7 +5,7 @@ many steps, on what, and which SGLang release serves the export."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ..drafter.knobs import LoopKnobs
 from .schema import DEVICE, param
@@ -14,6 +14,8 @@ from .schema import DEVICE, param
 @dataclass(frozen=True)
 class DrafterKeys(LoopKnobs):
     """A drafter's training run and its export, whichever the drafter."""
+
+    KEY: ClassVar[str]  # the section the keys are read under (`train`, `dflash`)
 
     epochs: float = param(1.0, "Passes over the training split.", gt=0)
     max_steps: int | None = param(None, "Optimizer steps; overrides epochs when set.", ge=1)

@@ -46,6 +46,7 @@ def loop_settings(p: DrafterKeys, train_samples: int, kind: type[S]) -> S:
         total_steps=total,
         warmup_steps=max(1, int(total * p.warmup_ratio)),
         compile=p.compile is not False,
+        section=p.KEY,
     )
 
 

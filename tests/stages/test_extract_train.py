@@ -18,19 +18,23 @@ from stages.drafter.model import Eagle3Config, Eagle3Drafter
 from stages.drafter.training import (
     LoopSettings,
     Objective,
+    TrainingSettings,
     autocast_for,
     batch_order,
     evaluate,
+    refuse_diverged,
     train,
 )
 from stages.drafter.vocab import build_draft_vocab
 from stages.extract import extract
+from stages.params.dflash import DFlashParams
 from stages.params.extract import ExtractParams
 from stages.params.target import TargetParams
 from stages.params.train import TrainParams
 from stages.runtime.files import atomic_path, remove_path
 from stages.target_model.model import load_causal_lm
 from stages.target_model.weights import embedding_and_head
+from stages.wiring.drafter_run import loop_settings
 from tests.conftest import STORIES, STORIES_REL
 
 pytestmark = pytest.mark.shared(STORIES_REL)
@@ -253,10 +257,26 @@ def test_a_loss_that_is_not_finite_stops_the_run_naming_the_step(hidden, tmp_pat
         return (loss * float("nan") if len(steps) == 4 else loss), metrics
 
     diverging.forward = nan_at_step_4
-    with pytest.raises(ValueError, match=r"^the loss is nan at step 4: training diverged\. "):
+    stopped = r"^the loss is nan at step 4: training diverged\. Lower train\.lr \(.+\) or lengthen "
+    with pytest.raises(ValueError, match=stopped + r"train\.warmup_ratio, then rerun"):
         train(diverging, train_set, eval_set, settings(6), tmp_path, torch.device("cpu"))
     assert len(steps) == 4
     assert torch.load(tmp_path / "last.pt", weights_only=True)["state"]["step"] == 3
+
+
+def test_a_diverged_run_names_the_keys_of_its_own_section():
+    """The loop's settings carry their params section (`loop_settings`, from the section's key),
+    so the refusal of a DFlash run names dflash's keys, not train's."""
+    s = loop_settings(DFlashParams(fp8=True), train_samples=10, kind=TrainingSettings)
+    assert s.section == "dflash"
+    refuse_diverged(1.5, 7, s)  # a finite loss goes on
+    with pytest.raises(ValueError) as stopped:
+        refuse_diverged(float("inf"), 7, s)
+    assert str(stopped.value) == (
+        f"the loss is inf at step 7: training diverged. Lower dflash.lr ({s.lr:g}) or lengthen "
+        "dflash.warmup_ratio or set dflash.fp8 false, then rerun (checkpoints before step 7 are "
+        "kept)"
+    )
 
 
 def test_evaluation_replays_every_turn_and_adds_up_over_batches(hidden):
