@@ -575,14 +575,15 @@ def test_bench_client_vs_bare_sends_the_same_requests_both_ways(tmp_path, capsys
 )
 def test_bench_fp8_acceptance_trains_and_benchmarks_each_arm_on_stories(tmp_path, capsys):
     """On the CPU the bf16 arm trains and benchmarks a real drafter of stories260K, and the fp8
-    arm carries the stage's refusal: FP8 needs a GPU."""
+    arm carries the stage's refusal: FP8 needs a GPU. DFlash's arms run its own stages on the
+    same features."""
     from tests.perf import bench_fp8_acceptance
 
     work = ["--work", str(tmp_path)]
     bench_fp8_acceptance.main(["prepare", *work, "--samples", "6", "--new-tokens", "24"])
     params = yaml.safe_load((tmp_path / "project" / "params.yaml").read_text())
     assert params["target"]["path"] == "stories260K"  # relative: the folder travels
-    assert params["train"]["draft"] == {"intermediate_size": 176}
+    assert params["train"]["draft"] == params["dflash"]["draft"] == {"intermediate_size": 176}
     out = tmp_path / "fp8.json"
     result = bench_fp8_acceptance.main(
         ["compare", *work, "--seeds", "0", "--json-out", str(out), "--timeout-s", "300"]
@@ -596,8 +597,17 @@ def test_bench_fp8_acceptance_trains_and_benchmarks_each_arm_on_stories(tmp_path
     assert (summary["bf16"]["runs"], summary["bf16"]["diverged"]) == (1, 0)
     assert summary["fp8"] == {"runs": 0, "diverged": 0}
     stopped = {"fp8-s1": {"error": "error: the loss is nan at step 9: training diverged. Lower"}}
-    assert bench_fp8_acceptance.summary(stopped)["fp8"] == {"runs": 0, "diverged": 1}
+    eagle3 = bench_fp8_acceptance.FAMILIES["eagle3"]
+    assert bench_fp8_acceptance.summary(stopped, eagle3) == {"fp8": {"runs": 0, "diverged": 1}}
     assert summary["bf16"]["tau_greedy"]["mean"] == bf16["tau_greedy"]
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     printed = capsys.readouterr().out
     assert "bf16-s0 {" in printed and "fp8 {" in printed
+    dflash = bench_fp8_acceptance.main(
+        ["compare", *work, "--family", "dflash", "--seeds", "0", "--variants", "bf16", "eager"]
+    )
+    assert dflash["family"] == "dflash" and sorted(dflash["summary"]) == ["bf16", "eager"]
+    for run in dflash["runs"].values():  # the CPU trains eager either way
+        assert run["best_tau"] >= 1 and run["tau_greedy"] >= 1 and run["compiled"] is False, run
+        assert "best_replayed_tau" not in run
+    assert dflash["summary"]["eager"]["runs"] == 1
