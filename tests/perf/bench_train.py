@@ -74,12 +74,9 @@ def build_objective(shape: str, ttt_steps: int, decay: float, device: torch.devi
     cfg = Eagle3Config.from_target(
         target, DRAFT_VOCAB[shape], default_aux_indices(target.num_hidden_layers)
     )
-    stored = feature_dtype(device) or torch.bfloat16  # the target's weights are stored in bf16
     with torch.device(device):
         drafter = Eagle3Drafter(cfg)
-        embed = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
-        head = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
-    return Objective(drafter, embed, head, ttt_steps, decay).place(device)
+    return Objective(drafter, *random_target(target, device), ttt_steps, decay).place(device)
 
 
 def build_dflash_objective(shape: str, device: torch.device) -> DFlashObjective:
@@ -92,20 +89,21 @@ def build_dflash_objective(shape: str, device: torch.device) -> DFlashObjective:
         block_size=defaults.block_size,
         mask_token_id=target.vocab_size - 1,  # a random target's: any id generation never sees
     )
-    stored = feature_dtype(device) or torch.bfloat16
     with torch.device(device):
         drafter = DFlashDrafter(cfg)
-        embed = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
-        head = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
+    embed, head = random_target(target, device)
     objective = DFlashObjective(drafter, embed, head, defaults.num_anchors, defaults.decay_gamma)
     return objective.place(device)
 
 
-def feature_width(objective: LoopObjective) -> int:
-    """The width of the features a drafter reads: EAGLE-3's aux layers or DFlash's."""
-    cfg = objective.drafter.cfg
-    layers = cfg.num_aux if isinstance(cfg, Eagle3Config) else len(cfg.target_layer_ids)
-    return layers * cfg.target_hidden_size
+def random_target(target, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen target embedding and LM head, random, in the dtype the target stores them
+    (bf16; float32 on the CPU, as the features)."""
+    stored = feature_dtype(device) or torch.bfloat16
+    with torch.device(device):
+        embed = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
+        head = (0.02 * torch.randn(target.vocab_size, target.hidden_size)).to(stored)
+    return embed, head
 
 
 def random_batch(
@@ -116,7 +114,8 @@ def random_batch(
     cfg, dtype = objective.drafter.cfg, feature_dtype(device) or torch.bfloat16
     with torch.device(device):
         return {
-            "aux": torch.randn(batch, length, feature_width(objective), dtype=dtype),
+            # the features both families' `fc` reads: EAGLE-3's aux layers or DFlash's
+            "aux": torch.randn(batch, length, objective.drafter.fc.in_features, dtype=dtype),
             "last": torch.randn(batch, length, cfg.target_hidden_size, dtype=dtype),
             "input_ids": torch.randint(cfg.vocab_size, (batch, length)),
             "loss_mask": torch.ones(batch, length, dtype=torch.bool),
