@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..drafter.model import (
+    FLEX_MIN_HEAD_DIM,
     MLP,
     LayerShape,
     Linear,
@@ -41,12 +42,14 @@ from ..drafter.model import (
     RMSNorm,
     Rope,
     TargetFacts,
+    _flex_attention,
     _rope_problems,
     mirrored_config,
     rope_inv_freq,
     rope_magnitude,
     rotate,
 )
+from .block_mask import BlockVisibility
 from .layers import default_target_layer_ids, layer_ids_from_hf_indices
 
 
@@ -166,27 +169,45 @@ class BlockAttention(Projections):
         super().__init__(cfg, cfg.hidden_size)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        # "auto": flex attention with the blocks' block mask on a GPU, a dense mask elsewhere;
+        # "reference" / "flex" force one (benchmarks compare them; tests check they agree)
+        self.impl = "auto"
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
 
+    def uses_flex(self, on_gpu: bool) -> bool:
+        """Whether a masked forward attends through flex attention: forced, or "auto" on a GPU
+        with heads at least FLEX_MIN_HEAD_DIM wide (the fused kernel refuses narrower ones)."""
+        fits = on_gpu and self.head_dim >= FLEX_MIN_HEAD_DIM
+        return self.impl == "flex" or (self.impl == "auto" and fits)
+
     def forward(
-        self, x: Tensor, context: Tensor, positions: Positions, allowed: Tensor | None, rope: Rope
+        self,
+        x: Tensor,
+        context: Tensor,
+        positions: Positions,
+        visible: BlockVisibility | None,
+        rope: Rope,
     ) -> Tensor:
         B, Q, _ = x.shape
+        S = context.shape[1]
         keys_in = torch.cat([context, x], dim=1)
         key_positions = torch.cat([positions.context.expand(B, -1), positions.block], dim=1)
         q = rotate_rows(self.q_norm(self._split(self.q_proj(x), self.heads)), positions.block, rope)
         k = self.k_norm(self._split(self.k_proj(keys_in), self.kv_heads))
         k = rotate_rows(k, key_positions, rope)
         v = self._split(self.v_proj(keys_in), self.kv_heads)
-        mask = None if allowed is None else allowed[:, None]
-        if mask is not None:  # a mask and grouped heads together: SDPA's unfused math path on a
-            # GPU (every score in float32); with the heads repeated, its fused masked kernel
+        if visible is None:  # serving: the block sees the whole context and itself
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
+        elif self.uses_flex(x.is_cuda):
+            k, v = (visible.pad_context(t, S) for t in (k, v))
+            attend = _flex_attention(q.is_cuda)
+            out = attend(q, k, v, block_mask=visible.flex(S), enable_gqa=True)
+        else:  # a mask and grouped heads together: SDPA's unfused math path on a GPU (every
+            # score in float32); with the heads repeated, its fused masked kernel
             k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1]
-        )
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=visible.dense(S)[:, None])
         return self.o_proj(out.transpose(1, 2).reshape(B, Q, -1))
 
 
@@ -201,9 +222,14 @@ class DFlashLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(
-        self, x: Tensor, context: Tensor, positions: Positions, allowed: Tensor | None, rope: Rope
+        self,
+        x: Tensor,
+        context: Tensor,
+        positions: Positions,
+        visible: BlockVisibility | None,
+        rope: Rope,
     ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, positions, allowed, rope)
+        x = x + self.self_attn(self.input_layernorm(x), context, positions, visible, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -227,20 +253,20 @@ class DFlashDrafter(nn.Module):
         block_embeds: Tensor,
         block_positions: Tensor,
         aux: Tensor,
-        allowed: Tensor | None = None,
+        visible: BlockVisibility | None = None,
     ) -> Tensor:
         """Hidden states [B, Q, hidden] after the final norm: the target LM head's input.
 
         block_embeds [B, Q, hidden]: the target's embedding of the block tokens;
         block_positions [B, Q]: their rotary positions; aux [B, S, num_features * hidden]: the
-        target features of context positions 0 .. S - 1; allowed [B, Q, S + Q] bool: which
-        [context ; block] keys each query may see. None: all of them, as at serving time, where
-        the context is exactly the committed prefix and the block one block.
+        target features of context positions 0 .. S - 1; visible: which [context ; block] keys each
+        query may see (training's many blocks). None: all of them, as at serving time, where the
+        context is exactly the committed prefix and the block one block.
         """
         context = self.hidden_norm(self.fc(aux))
         positions = Positions(torch.arange(aux.shape[1], device=aux.device), block_positions)
         rope = Rope(self.inv_freq.to(aux.device), self.rope_magnitude)
         x = block_embeds
         for layer in self.layers:
-            x = layer(x, context, positions, allowed, rope)
+            x = layer(x, context, positions, visible, rope)
         return self.norm(x)

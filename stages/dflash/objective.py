@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..drafter.objective import LoopObjective
+from .block_mask import BlockVisibility
 from .model import DFlashDrafter
 
 
@@ -139,16 +140,13 @@ def block_tokens(input_ids: Tensor, anchors: Anchors, block_size: int, mask_toke
     return ids.view(B, -1), positions.view(B, -1)
 
 
-def block_attention_mask(anchors: Anchors, block_size: int, context_length: int) -> Tensor:
-    """[B, N * bs, S + N * bs] bool: block n sees context positions before its anchor (none for
-    a padding block) and its own block, both ways; never another block."""
-    B, N = anchors.positions.shape
-    device = anchors.positions.device
-    block_of_query = torch.arange(N * block_size, device=device) // block_size  # [Q]
-    anchor = torch.where(anchors.valid, anchors.positions, 0)[:, block_of_query]  # [B, Q]
-    context = torch.arange(context_length, device=device)[None, None] < anchor[..., None]
-    own_block = block_of_query[:, None] == block_of_query[None, :]  # [Q, Q]
-    return torch.cat([context, own_block.expand(B, -1, -1)], dim=2)
+def block_visibility(anchors: Anchors, block_size: int) -> BlockVisibility:
+    """Block n sees the context positions before its anchor (none for a padding block) and its
+    own block, both ways; never another block."""
+    N = anchors.positions.shape[1]
+    block_of_query = torch.arange(N * block_size, device=anchors.positions.device) // block_size
+    limit = torch.where(anchors.valid, anchors.positions, 0)[:, block_of_query]  # [B, Q]
+    return BlockVisibility(limit, block_size)
 
 
 def block_labels(
@@ -188,9 +186,9 @@ def dflash_loss(
     bs = cfg.block_size
     B, N = anchors.positions.shape
     ids, positions = block_tokens(input_ids, anchors, bs, cfg.mask_token_id)
-    allowed = block_attention_mask(anchors, bs, aux.shape[1])
+    visible = block_visibility(anchors, bs)
     embeds = F.embedding(ids, embed).to(aux.dtype)
-    hidden = drafter(embeds, positions, aux, allowed).view(B, N, bs, -1)[:, :, 1:]
+    hidden = drafter(embeds, positions, aux, visible).view(B, N, bs, -1)[:, :, 1:]
     logits = (hidden @ lm_head.to(hidden.dtype).T).float()
     labels, weights = block_labels(input_ids, loss_mask, anchors, bs, decay_gamma)
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)

@@ -9,7 +9,7 @@ import torch
 
 from stages.dflash.layers import default_target_layer_ids, layer_ids_from_hf_indices
 from stages.dflash.model import DFlashConfig
-from stages.dflash.objective import block_attention_mask, block_tokens, sample_anchors
+from stages.dflash.objective import block_tokens, block_visibility, sample_anchors
 
 from .conftest import AUX, LAYERS, MASK_ID, make_drafter, random_batch, target_weights
 
@@ -64,15 +64,20 @@ def test_a_config_serving_would_run_otherwise_is_refused(target_config, override
         )
 
 
-def test_blocks_in_one_masked_forward_equal_each_block_drafted_after_its_prefix(drafter):
+@pytest.mark.parametrize("impl", ["reference", "flex"])
+def test_blocks_in_one_masked_forward_equal_each_block_drafted_after_its_prefix(drafter, impl):
+    """Either form of the mask (dense through SDPA; flex attention's block mask, what a GPU
+    runs) gives each block what it gets alone, drafted as serving drafts it."""
+    for layer in drafter.layers:
+        layer.self_attn.impl = impl
     cfg = drafter.cfg
     batch = random_batch(cfg, [24, 17])
     embed, _ = target_weights(cfg)
     anchors = sample_anchors(batch["loss_mask"], batch["attention_mask"], 4, 3)
     ids, positions = block_tokens(batch["input_ids"], anchors, 4, MASK_ID)
-    allowed = block_attention_mask(anchors, 4, batch["aux"].shape[1])
+    visible = block_visibility(anchors, 4)
     with torch.no_grad():
-        together = drafter(embed[ids], positions, batch["aux"], allowed).view(2, 3, 4, -1)
+        together = drafter(embed[ids], positions, batch["aux"], visible).view(2, 3, 4, -1)
         for b, n in anchors.valid.nonzero().tolist():
             a = int(anchors.positions[b, n])
             block = ids.view(2, 3, 4)[b : b + 1, n]

@@ -14,8 +14,8 @@ import torch
 from stages.dflash.objective import (
     Anchors,
     DFlashObjective,
-    block_attention_mask,
     block_labels,
+    block_visibility,
     dflash_loss,
     eligible_anchors,
     position_weights,
@@ -193,7 +193,7 @@ def test_every_eligible_anchor_is_drawn_over_many_draws(target_config):
 
 def test_the_mask_shows_the_context_before_the_anchor_and_the_own_block_both_ways():
     anchors = Anchors(torch.tensor([[2, 5, 0]]), torch.tensor([[True, True, False]]))
-    mask = block_attention_mask(anchors, 2, 8)[0].int()
+    mask = block_visibility(anchors, 2).dense(8)[0].int()
     expected = torch.zeros(6, 14, dtype=torch.int)
     expected[0:2, 0:2] = 1  # block 0 (anchor 2): context 0, 1
     expected[2:4, 0:5] = 1  # block 1 (anchor 5): context 0 .. 4

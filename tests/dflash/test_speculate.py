@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from stages.dflash.objective import Anchors, block_attention_mask, block_tokens
+from stages.dflash.objective import Anchors, block_tokens, block_visibility
 from stages.dflash.speculate import DFlashProposer, dflash_generate, embedding_and_head
 from stages.drafter.speculate import acceptance_stats, speculative_generate
 from tests.drafter.test_speculate import greedy
@@ -63,9 +63,9 @@ def test_a_block_is_drafted_as_training_scores_it(target, drafter):
     anchor = 8
     anchors = Anchors(torch.tensor([[anchor]]), torch.tensor([[True]]))
     block, positions = block_tokens(ids[None], anchors, BLOCK, drafter.cfg.mask_token_id)
-    allowed = block_attention_mask(anchors, BLOCK, ids.numel())
+    visible = block_visibility(anchors, BLOCK)
     with torch.no_grad():
-        trained = drafter(embed(block), positions, aux, allowed)[0, 1:] @ lm_head.T
+        trained = drafter(embed(block), positions, aux, visible)[0, 1:] @ lm_head.T
         drafted = DFlashProposer(drafter, embed, lm_head).block_logits(
             ids[: anchor + 1], aux[:, :anchor], BLOCK - 1
         )

@@ -9,10 +9,11 @@ anchors), backward, gradient clipping and the AdamW step, on random features of 
 
 `--attention` times each attention implementation in turn (auto: flex on a GPU); `--check`
 then compares loss and gradients of the fast path (what `auto` runs: bf16 autocast, flex
-attention on a GPU, the fused loss) against the plain float32 reference (no autocast, the
-materialised attention) on one fresh random batch per shape, and prints the largest relative
-differences; it runs after every timing, as the reference's float32 kernels count against the
-compiled kernels' recompile limit (past it the timed path would run unfused). `--compile` times
+attention on a GPU, EAGLE-3's fused loss) against the plain float32 reference (no autocast,
+EAGLE-3's materialised attention, DFlash's dense mask) on one fresh random batch per shape,
+and prints the largest relative differences; it runs after every timing, as the reference's
+float32 kernels count against the compiled kernels' recompile limit (past it the timed path
+would run unfused). `--compile` times
 the objective compiled as one graph, as `train.compile` runs it (the dtype column says
 "compiled"; the first step compiles it: `first step s`, counted among the warm-up steps and
 never in the rate). `--fp8` runs the drafter's linear products in FP8,
@@ -25,8 +26,8 @@ weights), the target embedding and LM head in their stored dtype (bf16 on a GPU,
 CPU: `Objective.place`), collated features (bf16 as stored on a GPU, float32 on the CPU), bf16
 autocast on a GPU, fused AdamW there. `labels ms` times EAGLE-3's soft labels alone
 (`soft_labels`, part of every step). SpecForge's figures on the same GPU: docs/performance.md.
-`--ttt-steps`, `--attention`, `--curve` and `labels ms` are EAGLE-3's; `--check` and `--fp8` take
-either family.
+`--ttt-steps`, `--curve` and `labels ms` are EAGLE-3's; `--attention`, `--check` and `--fp8`
+take either family.
 """
 
 from __future__ import annotations
@@ -173,8 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json-out", help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     eagle3 = args.family == "eagle3"
-    if not eagle3 and (args.curve or args.attention != ["auto"]):
-        parser.error("--curve and --attention time EAGLE-3's step; leave them out with dflash")
+    if not eagle3 and args.curve:
+        parser.error("--curve trains EAGLE-3's drafters; leave it out with dflash")
 
     device = resolve_device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
@@ -345,7 +346,8 @@ def learnable_batch(
 
 
 def set_attention(objective: LoopObjective, impl: str) -> None:
-    """EAGLE-3's draft attention forced to `impl` (`Attention.impl`); DFlash's has one form."""
+    """The draft attention forced to `impl` (EAGLE-3's `Attention.impl`, DFlash's
+    `BlockAttention.impl`)."""
     for module in objective.drafter.modules():
         if hasattr(module, "impl"):
             module.impl = impl
@@ -356,8 +358,9 @@ def compare_with_reference(
 ) -> str:
     """Loss and gradients of one forward/backward on the same weights and batch: the fast path
     as timed (`fast`, the compiled objective with --compile, else `objective`; bf16 autocast on a
-    GPU, EAGLE-3's flex attention and fused loss) against the plain reference (`objective` in
-    float32, no autocast, EAGLE-3's materialised attention), both drawing the same DFlash anchors:
+    GPU, flex attention, EAGLE-3's fused loss) against the plain reference (`objective` in
+    float32, no autocast, EAGLE-3's materialised attention, DFlash's dense mask), both drawing
+    the same DFlash anchors:
     the largest relative difference of the loss and of any parameter's gradient (norm of the
     difference over the reference's norm). The compiled path is
     checked through the graph already compiled for the timings, and the reference runs every

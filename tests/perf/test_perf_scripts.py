@@ -127,7 +127,7 @@ def test_bench_train_times_dflash_and_checks_it_on_the_same_anchors(capsys):
     assert check and float(check[1]) == float(check[2]) == 0, out
     with pytest.raises(SystemExit):  # EAGLE-3's loss curves
         bench_train.main(TINY[:4] + ["--family", "dflash", "--curve", "3"])
-    assert "leave them out with dflash" in capsys.readouterr().err
+    assert "leave it out with dflash" in capsys.readouterr().err
 
 
 @pytest.mark.slow
