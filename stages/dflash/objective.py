@@ -189,7 +189,10 @@ def dflash_loss(
     visible = block_visibility(anchors, bs)
     embeds = F.embedding(ids, embed).to(aux.dtype)
     hidden = drafter(embeds, positions, aux, visible).view(B, N, bs, -1)[:, :, 1:]
-    logits = (hidden @ lm_head.to(hidden.dtype).T).float()
+    # the drafted positions as rows of one product: `@` on the 4-d slice (no 2-d view of it
+    # exists) broadcasts the head into a batched product that reads all of it once per block
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    logits = (rows @ lm_head.to(hidden.dtype).T).float().view(B, N, bs - 1, -1)
     labels, weights = block_labels(input_ids, loss_mask, anchors, bs, decay_gamma)
     ce = F.cross_entropy(logits.flatten(0, 2), labels.flatten(), reduction="none").view_as(weights)
     loss = (ce * weights).sum() / weights.sum().clamp(min=torch.finfo(torch.float32).tiny)

@@ -234,3 +234,30 @@ def test_the_objective_refuses_a_weight_of_another_shape(drafter):
     embed, lm_head = target_weights(drafter.cfg)
     with pytest.raises(ValueError, match=r"lm_head \(300, 32\)"):
         DFlashObjective(drafter, embed, lm_head[:, :32], num_anchors=4, decay_gamma=GAMMA)
+
+
+def test_the_target_head_is_one_product_over_every_drafted_position(setup):
+    """Every block's drafted positions go through the head [vocab, hidden] as rows of one matrix
+    product, forward and backward. A product batched per block (what `@` makes of the 4-d slice
+    of drafted positions) reads the whole head once per block: on an H100 at dflash's defaults it
+    made the step several times slower than its products (docs/performance.md)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    drafter, batch, embed, lm_head, anchors = setup
+    vocab = lm_head.shape[0]
+    products = []
+
+    class Products(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+            if func.__name__.split(".")[0] in ("mm", "bmm", "addmm") and any(
+                vocab in s for s in shapes
+            ):
+                products.append((func.__name__.split(".")[0], shapes))
+            return func(*args, **(kwargs or {}))
+
+    with Products():
+        library_loss(drafter, batch, embed, lm_head, anchors).backward()
+    rows = int(anchors.positions.numel()) * (drafter.cfg.block_size - 1)
+    assert [name for name, _ in products] == ["mm", "mm"], products  # forward, input gradient
+    assert products[0][1] == [(rows, lm_head.shape[1]), (lm_head.shape[1], vocab)]
