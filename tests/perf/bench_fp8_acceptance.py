@@ -55,17 +55,21 @@ PROMPT_SETS = {
 
 @dataclass(frozen=True)
 class Family:
-    """A drafter family's params section, stages, and the figures its reports give."""
+    """A drafter family's params section, stages, the figures its reports give, and whether its
+    train stage reads the draft vocabulary (EAGLE-3's drafts over a subset of the target's)."""
 
     section: str
     train: str
     benchmark: str
     figures: tuple[str, ...]  # train.json's best figures, then the benchmark's tau_greedy
+    reads_vocab: bool
 
 
 FAMILIES = {
-    "eagle3": Family("train", "train", "benchmark", ("best_replayed_tau", "best_simulated_tau")),
-    "dflash": Family("dflash", "train_dflash", "benchmark_dflash", ("best_tau",)),
+    "eagle3": Family(
+        "train", "train", "benchmark", ("best_replayed_tau", "best_simulated_tau"), True
+    ),
+    "dflash": Family("dflash", "train_dflash", "benchmark_dflash", ("best_tau",), False),
 }
 
 
@@ -150,7 +154,7 @@ def train_and_benchmark(args, name: str, changes: dict, seed: int, device: str) 
     p = str(run_params(project, run, device, family.section, **changes, seed=seed))
     data = project / "data"
     train = ["--hidden-dir", data / "hidden"]
-    if family.section == "train":  # EAGLE-3's draft vocabulary
+    if family.reads_vocab:
         train += ["--vocab-file", data / "vocab/d2t_t2d.safetensors"]
     train += ["--checkpoint-dir", run / "checkpoints", "--out-dir", run / "drafter"]
     train += ["--report", run / "train.json", "--plots", run / "plots", "--params", p]
