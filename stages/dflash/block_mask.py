@@ -4,7 +4,7 @@ and flex attention's block mask, which lets a GPU skip what no query sees.
 The keys are [context ; blocks]. Query q, of block n = q // block_size, sees the context positions
 before its block's anchor (none for a padding block) and the keys of its own block, both ways
 (objective.py). Dense, that is a [B, Q, S + Q] bool mask: at dflash's defaults (512 blocks of 16
-over 2,048 positions) 8,192 x 10,240 pairs per sample, of which each query sees at most 2,063.
+over 2,048 positions) 8,192 x 10,240 pairs per sample, of which each query sees at most 2,048.
 
 For flex the context is padded to whole BLOCK-row blocks, so that the blocks' keys line up with
 the queries:

@@ -42,8 +42,8 @@ from ..drafter.model import (
     RMSNorm,
     Rope,
     TargetFacts,
-    _flex_attention,
     _rope_problems,
+    flex_attention_kernel,
     mirrored_config,
     rope_inv_freq,
     rope_magnitude,
@@ -202,7 +202,7 @@ class BlockAttention(Projections):
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
         elif self.uses_flex(x.is_cuda):
             k, v = (visible.pad_context(t, S) for t in (k, v))
-            attend = _flex_attention(q.is_cuda)
+            attend = flex_attention_kernel(q.is_cuda)
             out = attend(q, k, v, block_mask=visible.flex(S), enable_gqa=True)
         else:  # a mask and grouped heads together: SDPA's unfused math path on a GPU (every
             # score in float32); with the heads repeated, its fused masked kernel

@@ -645,10 +645,10 @@ def attend_flex(q: Tensor, kv: DraftKV) -> Tensor:
     keys = F.pad(torch.stack([kv.prefix_k, *kv.chain_k], 2), pad).flatten(2, 3)
     values = F.pad(torch.stack([kv.prefix_v, *kv.chain_v], 2), pad).flatten(2, 3)
     block_mask = ttt_block_mask(kv.key_mask, kv.chain_length)
-    return _flex_attention(q.is_cuda)(q, keys, values, block_mask=block_mask, enable_gqa=True)
+    return flex_attention_kernel(q.is_cuda)(q, keys, values, block_mask=block_mask, enable_gqa=True)
 
 
-def _flex_attention(compiled: bool):
+def flex_attention_kernel(compiled: bool):
     """flex_attention through `compiled_on_gpu`: on a GPU the fused kernel, one for every prefix
     and chain length (static shapes would recompile per batch length and TTT step, and fall back
     to the unfused form at the limit); eager on the CPU."""

@@ -19,7 +19,7 @@ def test_inside_a_compiled_caller_the_parts_are_traced_not_compiled_apart(monkey
     compiling lost (docs/performance.md)."""
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert compiled_on_gpu(rms_norm, True) is rms_norm
-    assert model_module._flex_attention(True).__name__ == "flex_attention"
+    assert model_module.flex_attention_kernel(True).__name__ == "flex_attention"
 
 
 @pytest.mark.slow
