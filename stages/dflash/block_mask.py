@@ -66,7 +66,7 @@ class BlockVisibility:
         bs = self.block_size
         first_key = (i * BLOCK // bs) * bs
         last_key = ((torch.clamp((i + 1) * BLOCK, max=Q) - 1) // bs + 1) * bs - 1
-        j = torch.arange(n, device=device) * BLOCK  # each key block's first key
+        j = i * BLOCK  # each key block's first key
         own = (j[None] <= last_key[:, None]) & (j[None] + BLOCK > first_key[:, None])  # [n, n]
         partial = torch.cat([seen & ~full, own.expand(B, -1, -1)], dim=2)  # [B, n, c + n]
         full = torch.cat([full, torch.zeros_like(partial[..., c:])], dim=2)

@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..drafter.model import (
-    FLEX_MIN_HEAD_DIM,
     MLP,
     LayerShape,
     Linear,
@@ -169,18 +168,9 @@ class BlockAttention(Projections):
         super().__init__(cfg, cfg.hidden_size)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        # "auto": flex attention with the blocks' block mask on a GPU, a dense mask elsewhere;
-        # "reference" / "flex" force one (benchmarks compare them; tests check they agree)
-        self.impl = "auto"
 
     def _split(self, x: Tensor, heads: int) -> Tensor:
         return x.view(*x.shape[:2], heads, self.head_dim).transpose(1, 2)
-
-    def uses_flex(self, on_gpu: bool) -> bool:
-        """Whether a masked forward attends through flex attention: forced, or "auto" on a GPU
-        with heads at least FLEX_MIN_HEAD_DIM wide (the fused kernel refuses narrower ones)."""
-        fits = on_gpu and self.head_dim >= FLEX_MIN_HEAD_DIM
-        return self.impl == "flex" or (self.impl == "auto" and fits)
 
     def forward(
         self,
@@ -200,7 +190,7 @@ class BlockAttention(Projections):
         v = self._split(self.v_proj(keys_in), self.kv_heads)
         if visible is None:  # serving: the block sees the whole context and itself
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
-        elif self.uses_flex(x.is_cuda):
+        elif self.flex_chosen(x.is_cuda):  # a masked forward: flex with the blocks' mask
             k, v = (visible.pad_context(t, S) for t in (k, v))
             attend = flex_attention_kernel(q.is_cuda)
             out = attend(q, k, v, block_mask=visible.flex(S), enable_gqa=True)

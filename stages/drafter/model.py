@@ -539,7 +539,8 @@ class DraftKV:
 
 class Projections(nn.Module):
     """The q/k/v projections of `in_width`-wide inputs and o back to hidden_size
-    (`self_attn.{q,k,v,o}_proj` in both drafter families' checkpoints)."""
+    (`self_attn.{q,k,v,o}_proj` in both drafter families' checkpoints), and the choice both
+    families' attention makes between flex attention and its reference form."""
 
     def __init__(self, cfg: LayerShape, in_width: int):
         super().__init__()
@@ -552,6 +553,17 @@ class Projections(nn.Module):
         self.k_proj = Linear(in_width, self.kv_heads * self.head_dim, bias=False)
         self.v_proj = Linear(in_width, self.kv_heads * self.head_dim, bias=False)
         self.o_proj = Linear(self.heads * self.head_dim, cfg.hidden_size, bias=False)
+        # "auto": fused flex attention on a GPU where the family's forward can take it, the
+        # reference elsewhere; "reference" / "flex" force one (benchmarks compare them; tests
+        # check they agree)
+        self.impl = "auto"
+
+    def flex_chosen(self, fits_on_gpu: bool) -> bool:
+        """Whether the forward attends through flex attention: forced, or "auto" where the
+        family says it fits on a GPU, with heads at least FLEX_MIN_HEAD_DIM wide (the fused
+        kernel refuses narrower ones, compiled or not: a tiny draft then takes the reference)."""
+        fits = fits_on_gpu and self.head_dim >= FLEX_MIN_HEAD_DIM
+        return self.impl == "flex" or (self.impl == "auto" and fits)
 
 
 class Attention(Projections):
@@ -559,16 +571,11 @@ class Attention(Projections):
 
     def __init__(self, cfg: Eagle3Config):
         super().__init__(cfg, 2 * cfg.hidden_size)
-        # "auto": fused flex attention on a GPU for a whole prefix, the reference elsewhere;
-        # "reference" / "flex" force one (benchmarks compare them; tests check they agree).
-        self.impl = "auto"
 
     def uses_flex(self, on_gpu: bool, queries: int) -> bool:
-        """Whether `forward` attends through `attend_flex`: forced, or "auto" on a GPU over a
-        whole prefix, with heads at least FLEX_MIN_HEAD_DIM wide (the fused kernel refuses
-        narrower ones, compiled or not: a tiny draft then takes the reference)."""
-        fits = on_gpu and queries > 1 and self.head_dim >= FLEX_MIN_HEAD_DIM
-        return self.impl == "flex" or (self.impl == "auto" and fits)
+        """Whether `forward` attends through `attend_flex`: `flex_chosen` on a GPU over a whole
+        prefix (one query per sample, decoding, takes the reference)."""
+        return self.flex_chosen(on_gpu and queries > 1)
 
     def forward(
         self, x: Tensor, rope: Rope, kv: DraftKV | None, key_mask: Tensor | None
