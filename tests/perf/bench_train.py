@@ -8,8 +8,8 @@ anchors), backward, gradient clipping and the AdamW step, on random features of 
         [--profile [ROWS]] [--json-out F]
 
 `--attention` times each attention implementation in turn (auto: flex on a GPU); `--check`
-then compares loss and gradients of the fast path (what `auto` runs: bf16 autocast, flex
-attention on a GPU, EAGLE-3's fused loss) against the plain float32 reference (no autocast,
+then compares loss and gradients of the fast path with each of them (bf16 autocast on a GPU,
+EAGLE-3's fused loss) against the plain float32 reference (no autocast,
 EAGLE-3's materialised attention, DFlash's dense mask) on one fresh random batch per shape,
 and prints the largest relative differences; it runs after every timing, as the reference's
 float32 kernels count against the compiled kernels' recompile limit (past it the timed path
@@ -33,6 +33,7 @@ take either family.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         "--attention", nargs="+", default=["auto"], choices=["auto", "reference", "flex"]
     )
     parser.add_argument(
-        "--check", action="store_true", help="fast path vs float32 reference: loss, grads"
+        "--check", action="store_true", help="each --attention vs float32 reference: loss, grads"
     )
     parser.add_argument(
         "--curve",
@@ -268,15 +269,15 @@ def main(argv: list[str] | None = None) -> None:
         del batch
     print_table(columns, rows)
     if args.check:  # after the timings: the float32 reference compiles kernels of its own
-        for batch_size, length in args.batches:
+        for (batch_size, length), impl in itertools.product(args.batches, args.attention):
             batch = random_batch(objective, batch_size, length, device)
             try:
-                check = compare_with_reference(objective, batch, args.fp8, model)
+                check = compare_with_reference(objective, batch, args.fp8, model, impl)
             except torch.OutOfMemoryError:
                 objective.drafter.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
                 check = "OOM (the reference does not fit)"
-            print(f"{batch_size}x{length} fast path vs float32 reference: {check}")
+            print(f"{batch_size}x{length} {impl} vs float32 reference: {check}")
     if args.curve:
         del model, objective, drafter, params, opt
         if device.type == "cuda":
@@ -354,11 +355,15 @@ def set_attention(objective: LoopObjective, impl: str) -> None:
 
 
 def compare_with_reference(
-    objective: LoopObjective, batch: dict[str, torch.Tensor], fp8: bool = False, fast=None
+    objective: LoopObjective,
+    batch: dict[str, torch.Tensor],
+    fp8: bool = False,
+    fast=None,
+    impl: str = "auto",
 ) -> str:
     """Loss and gradients of one forward/backward on the same weights and batch: the fast path
     as timed (`fast`, the compiled objective with --compile, else `objective`; bf16 autocast on a
-    GPU, flex attention, EAGLE-3's fused loss) against the plain reference (`objective` in
+    GPU, attention `impl`, EAGLE-3's fused loss) against the plain reference (`objective` in
     float32, no autocast, EAGLE-3's materialised attention, DFlash's dense mask), both drawing
     the same DFlash anchors:
     the largest relative difference of the loss and of any parameter's gradient (norm of the
@@ -380,7 +385,7 @@ def compare_with_reference(
         "fast": (
             objective if fast is None else fast,
             batch,
-            "auto",
+            impl,
             autocast_for(batch["aux"].device),
             "default",
         ),

@@ -99,9 +99,9 @@ def test_bench_train_fp8_curve_trains_both_and_prints_both_curves(capsys):
     bench_train.main(TINY[:4] + ["--batches", "1x32", "--ttt-steps", "2", "--fp8", "--check"]
                      + ["--curve", "10"])  # fmt: skip
     out = capsys.readouterr().out
-    rows = printed_table(out.split("1x32 fast path")[0], "batch")
+    rows = printed_table(out.split("1x32 auto vs")[0], "batch")
     assert [r["dtype"] for r in rows] == ["fp32 fp8"]
-    check = re.search(r"fast path vs float32 reference: loss rel diff ([0-9.e+-]+), largest grad "
+    check = re.search(r"auto vs float32 reference: loss rel diff ([0-9.e+-]+), largest grad "
                       r"rel diff \(norm\) ([0-9.e+-]+)", out)  # fmt: skip
     assert check and 0 < float(check[2]) < 0.5, out  # FP8 rounds: not equal, not far
     curves = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line[:3] == "  f"}
@@ -118,11 +118,11 @@ def test_bench_train_times_dflash_and_checks_it_on_the_same_anchors(capsys):
                      + ["--warmup", "0", "--repeat", "1"])  # fmt: skip
     out = capsys.readouterr().out
     assert "tiny dflash drafter" in out and "blocks of 16, 512 anchors a sample" in out, out
-    rows = printed_table(out.split("1x600 fast path")[0], "batch")
+    rows = printed_table(out.split("1x600 auto vs")[0], "batch")
     assert [(r["batch"], r["length"], r["dtype"]) for r in rows] == [("1", "600", "fp32")]
     assert number(rows[0]["tokens/s"]) > 0
     assert rows[0]["labels ms"] == rows[0]["ttt_steps"] == "-"  # EAGLE-3's columns
-    check = re.search(r"1x600 fast path vs float32 reference: loss rel diff ([0-9.e+-]+), "
+    check = re.search(r"1x600 auto vs float32 reference: loss rel diff ([0-9.e+-]+), "
                       r"largest grad rel diff \(norm\) ([0-9.e+-]+)", out)  # fmt: skip
     assert check and float(check[1]) == float(check[2]) == 0, out
     with pytest.raises(SystemExit):  # EAGLE-3's loss curves
@@ -154,15 +154,15 @@ def test_bench_train_compile_times_the_compiled_objective_after_its_check(
     bench_train.main(TINY[:4] + ["--batches", "1x32", "--ttt-steps", "2", "--compile", "--check"]
                      + ["--warmup", "2", "--repeat", "3"])  # fmt: skip
     out = capsys.readouterr().out
-    rows = printed_table(out.split("1x32 fast path")[0], "batch")
+    rows = printed_table(out.split("1x32 auto vs")[0], "batch")
     assert [(r["batch"], r["dtype"]) for r in rows] == [("1", "fp32 compiled")]
     assert number(rows[0]["tokens/s"]) > 0
     # the first step compiles (seconds), the timed ones run the compiled graph: several times
     # faster, also when other work shares the cores
     assert number(rows[0]["first step s"]) > 4 * number(rows[0]["ms/step"]) / 1e3
-    check = re.search(r"1x32 fast path vs float32 reference: loss rel diff ([0-9.e+-]+),", out)
+    check = re.search(r"1x32 auto vs float32 reference: loss rel diff ([0-9.e+-]+),", out)
     assert check and float(check[1]) < 1e-5, out
-    assert out.index("tokens/s") < out.index("fast path vs float32")
+    assert out.index("tokens/s") < out.index("auto vs float32")
     assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])  # the timed graph only
     assert len(calls) == 1 + 1 + 3 + 1, calls  # first step, the other warm-up, timed, the check
 
