@@ -110,6 +110,19 @@ def test_bench_train_fp8_curve_trains_both_and_prints_both_curves(capsys):
     assert re.search(r"mean of the last 1 steps: fp32 [0-9.]+, fp8 [0-9.]+ \([+-][0-9.]+%\)", out)
 
 
+def test_bench_train_check_takes_both_paths_labels_from_the_same_target_logits():
+    """The check's reference reads the features in float32 but the target's final hidden state as
+    stored: given bf16 ones and the same attention both ways, the two paths compute the same
+    (from a float32 copy the reference would take its soft labels from other logits)."""
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    objective = bench_train.build_objective("tiny", 3, 0.8, cpu)
+    batch = bench_train.random_batch(objective, 2, 16, cpu)
+    batch["last"] = batch["last"].bfloat16()
+    check = bench_train.compare_with_reference(objective, batch, impl="reference")
+    assert check.startswith("loss rel diff 0.00e+00, largest grad rel diff (norm) 0.00e+00"), check
+
+
 def test_bench_train_times_dflash_and_checks_it_on_the_same_anchors(capsys):
     """--family dflash times DFlash's step at dflash's default blocks and anchors; --check draws
     the same anchors for both paths (at 600 tokens the 512 anchors are a random subset: two draws
