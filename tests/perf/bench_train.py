@@ -33,7 +33,6 @@ take either family.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 
@@ -269,15 +268,16 @@ def main(argv: list[str] | None = None) -> None:
         del batch
     print_table(columns, rows)
     if args.check:  # after the timings: the float32 reference compiles kernels of its own
-        for (batch_size, length), impl in itertools.product(args.batches, args.attention):
-            batch = random_batch(objective, batch_size, length, device)
-            try:
-                check = compare_with_reference(objective, batch, args.fp8, model, impl)
-            except torch.OutOfMemoryError:
-                objective.drafter.zero_grad(set_to_none=True)
-                torch.cuda.empty_cache()
-                check = "OOM (the reference does not fit)"
-            print(f"{batch_size}x{length} {impl} vs float32 reference: {check}")
+        for batch_size, length in args.batches:
+            batch = random_batch(objective, batch_size, length, device)  # one for every path
+            for impl in args.attention:
+                try:
+                    check = compare_with_reference(objective, batch, args.fp8, model, impl)
+                except torch.OutOfMemoryError:
+                    objective.drafter.zero_grad(set_to_none=True)
+                    torch.cuda.empty_cache()
+                    check = "OOM (the reference does not fit)"
+                print(f"{batch_size}x{length} {impl} vs float32 reference: {check}")
     if args.curve:
         del model, objective, drafter, params, opt
         if device.type == "cuda":
@@ -376,11 +376,11 @@ def compare_with_reference(
     # target's final hidden state stays as stored, so that both paths take EAGLE-3's soft labels
     # from the same target logits: rounded differently, they flip near-tied argmaxes (which
     # positions count), which moves the gradients far more than the paths' own arithmetic
-    as_float = {k: v.float() if k == "aux" else v for k, v in batch.items()}
+    float_features = {k: v.float() if k == "aux" else v for k, v in batch.items()}
     paths = {  # (model, batch, attention, autocast, compiled parts: as compiled, or as written)
         "reference": (
             objective,
-            as_float,
+            float_features,
             "reference",
             lambda: torch.autocast(device, enabled=False),
             "force_eager",
