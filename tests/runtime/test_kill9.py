@@ -29,6 +29,7 @@ from stages.params.extract import ExtractParams
 from stages.runtime.files import checksum_path, checksum_problem, temp_path
 from stages.runtime.outputs import remove_stale_temps
 from tests.conftest import ROOT, STORIES_REL
+from tests.procstat import frozen
 from tests.reliability import leftovers
 from tests.runtime.test_distributed import (
     stage,
@@ -64,11 +65,6 @@ def kill_in_write(module: str, args: list, cwd: Path, pattern: Path, k: int) -> 
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL, f"{module} ended before the kill:\n{log.read_text()}"
     return proc.pid
-
-
-def frozen(pid: int) -> bool:
-    """Stopped by SIGSTOP: state T in /proc/<pid>/stat (after the command name in parentheses)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 def temps(directory: Path) -> list[Path]:

@@ -80,6 +80,7 @@ from stages.runtime.files import checksum_problem
 from stages.runtime.outputs import LOCK_NAME
 from stages.runtime.swap import STAGING, finish_swap
 from tests.conftest import ROOT
+from tests.procstat import frozen, running
 from tests.project import copy_project, ran_stages
 from tests.reliability import leftovers, tree
 from tests.runtime.test_distributed import RECORDER, stage_env, writes
@@ -688,12 +689,12 @@ def killed(sweep: Sweep, stage: Stage, point: KillPoint, times: RunTimes) -> Kil
         locked, before_lock = time.monotonic(), age_s(pid)
         if not point.in_write:
             kill_at = locked + times.kill_delay(point.draw, before_lock)
-            while time.monotonic() < kill_at and process_state(pid):
+            while time.monotonic() < kill_at and running(pid):
                 time.sleep(POLL_S)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR1)
-        while (state := process_state(pid)) != "T":
-            if state is None:
+        while not frozen(pid):
+            if not running(pid):
                 ended = RunTimes(before_lock, time.monotonic() - locked)
                 assert proc.wait() == 0 and not point.in_write, log.read_text()
                 raise EndedFirst(ended)
@@ -709,14 +710,6 @@ def killed(sweep: Sweep, stage: Stage, point: KillPoint, times: RunTimes) -> Kil
         with contextlib.suppress(ProcessLookupError):  # gone if it ended first
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def process_state(pid: int) -> str | None:
-    """The state letter of /proc/<pid>/stat (T: stopped); None once the process has ended."""
-    with contextlib.suppress(FileNotFoundError):
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return None if state in ("Z", "X") else state
-    return None
 
 
 def landed(stacks: Path, temps: list[str]) -> tuple[str, str]:

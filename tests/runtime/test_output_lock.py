@@ -18,6 +18,7 @@ import pytest
 from stages import extract, generate, merge, train
 from stages.runtime.outputs import OutputLocked, output_lock
 from tests.conftest import ROOT
+from tests.procstat import frozen
 from tests.project import copy_project, sh
 from tests.reliability import (
     extract_args,
@@ -99,10 +100,6 @@ def test_every_folder_writing_stage_refuses_a_held_folder(
     )
     after = sorted(p.name for p in folder.iterdir()) if folder.exists() else None
     assert after == before  # nothing written, nothing removed
-
-
-def frozen(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
 
 
 @pytest.mark.slow

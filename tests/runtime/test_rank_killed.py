@@ -28,6 +28,7 @@ import yaml
 
 from stages.runtime.parallel import TIMEOUT_ENV
 from tests.conftest import STORIES_REL
+from tests.procstat import frozen, running
 from tests.runtime.test_distributed import (
     assert_same_curves,
     stage,
@@ -85,18 +86,6 @@ def workers(agent: int) -> list[int]:
     return []
 
 
-def state(pid: int) -> str:
-    """The process's state letter in /proc/<pid>/stat (T: stopped, Z: ended, not yet waited
-    for), X once it is gone."""
-    with contextlib.suppress(FileNotFoundError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return "X"
-
-
-def running(pid: int) -> bool:
-    return state(pid) not in ("Z", "X")
-
-
 @contextlib.contextmanager
 def rank_frozen(
     module: str, args: list, cwd: Path, rank: int, pattern: Path, k: int, env: dict | None = None
@@ -123,7 +112,7 @@ def rank_frozen(
         victim = None
         while victim is None:
             assert proc.poll() is None, f"{module} ended before the freeze:\n{log.read_text()}"
-            victim = next((p for p in workers(proc.pid) if state(p) == "T"), None)
+            victim = next((p for p in workers(proc.pid) if frozen(p)), None)
             time.sleep(POLL_S)
         yield proc, victim, log
     finally:

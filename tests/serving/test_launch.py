@@ -23,6 +23,7 @@ from stages.serving.launch import (
 )
 from tests.conftest import ROOT
 from tests.engines.conftest import free_port
+from tests.procstat import running
 
 
 def test_launch_command_from_params():
@@ -167,23 +168,14 @@ time.sleep(60)
     )
     child = int(parent.stdout.readline() or 0)
     try:
-        assert child and _alive(child), parent.stderr.read()
+        assert child and running(child), parent.stderr.read()
         parent.send_signal(sig)
         parent.wait(20)
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while running(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), "the server outlived the run"
+        assert not running(child), "the server outlived the run"
     finally:
         parent.kill()
-        if child and _alive(child):
+        if child and running(child):
             os.kill(child, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie is dead, only not reaped yet
-        return f.read().split(") ", 1)[1][0] != "Z"
