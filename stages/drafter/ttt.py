@@ -361,6 +361,17 @@ def _ce_rows_grad(logits: Tensor, probs: Tensor, lse: Tensor, grad_ce: Tensor, s
     return torch.cat([grad.to(logits.dtype), logits.new_zeros(shift, logits.shape[1])])
 
 
+def drafted(logits: Tensor, shift: int) -> Tensor:
+    """The draft's choice [B, T] at each position, -1 in the last `shift` rows of the flattened
+    batch: the rows the loss reads against their labels `shift` ahead (`_ce_rows`), the others
+    having none. Over the same rows, a compiled step takes the argmax in the loss's own pass over
+    the logits instead of a pass of its own (docs/performance.md)."""
+    flat = logits.flatten(0, 1)
+    rows = flat.shape[0] - min(shift, flat.shape[0])
+    choice = F.pad(flat[:rows].argmax(-1), (0, flat.shape[0] - rows), value=-1)
+    return choice.view(logits.shape[:2])
+
+
 def ttt_forward(
     drafter: Eagle3Drafter,
     embed: nn.Embedding | Tensor,
@@ -396,7 +407,7 @@ def ttt_forward(
         total = total + decay**k * (ce * valid[k]).sum() / divisors[k]
         ces.append(ce)
         corrects.append(
-            (logits.argmax(-1) == shift_left(labels.argmax, k + 1, -1))
+            (drafted(logits, k + 1) == shift_left(labels.argmax, k + 1, -1))
             & shift_left(labels.in_vocab, k + 1, False)
         )
     return total, step_metrics(

@@ -6,6 +6,7 @@ from stages.drafter.model import DraftStep, Eagle3Drafter
 from stages.drafter.ttt import (
     SoftLabels,
     TTTMetrics,
+    drafted,
     replay_counts,
     shift_left,
     shifted_soft_cross_entropy,
@@ -165,6 +166,8 @@ def test_loss_is_the_decayed_mean_over_valid_positions(target, drafter):
         ce = -(p * F.log_softmax(draft_logits[k][valid[k]], -1)).sum(-1)
         expected += 0.5**k * ce.mean()
         assert metrics.valid[k] == valid[k].sum()
+        hits = draft_logits[k].argmax(-1) == shift_left(labels.argmax, k + 1, -1)
+        assert metrics.correct[k] == (hits & valid[k]).sum()
     torch.testing.assert_close(loss, expected)
     # The masked position's target does not enter the loss.
     logits2 = logits.clone()
@@ -181,6 +184,15 @@ def test_loss_is_the_decayed_mean_over_valid_positions(target, drafter):
         decay=0.5,
     )
     torch.testing.assert_close(loss2, loss)
+
+
+def test_drafted_is_the_argmax_but_on_the_batch_tail_the_loss_leaves_out():
+    logits = torch.randn(2, 5, 7)
+    for shift in (1, 3, 10, 12):
+        choice = drafted(logits, shift).flatten()
+        kept = max(10 - shift, 0)
+        assert torch.equal(choice[:kept], logits.argmax(-1).flatten()[:kept])
+        assert (choice[kept:] == -1).all() and choice.shape == (10,)
 
 
 def test_soft_labels_from_final_hidden_state_equal_those_from_logits(target, drafter):
